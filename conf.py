@@ -1,0 +1,128 @@
+"""Sphinx configuration of the mpguide site (the source root is the repository root)."""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs"))
+
+_needed = {
+    "sphinx_gallery": "sphinx-gallery", "myst_nb": "myst-nb",
+    "pydata_sphinx_theme": "pydata-sphinx-theme", "sphinx_copybutton": "sphinx-copybutton",
+    "torch": "torch==2.13.0", "matplotlib": "matplotlib",
+}
+_missing = [pkg for mod, pkg in _needed.items() if importlib.util.find_spec(mod) is None]
+if _missing:
+    raise RuntimeError(
+        f"the docs need {', '.join(_missing)}: install them, or build with `nox -s docs`"
+    )
+
+import torch  # noqa: E402
+
+import mpguide  # noqa: E402
+from mpguide import device  # noqa: E402
+
+_machine = device.describe()
+
+project = "mpguide"
+author = "the mpguide maintainers"
+copyright = "the mpguide maintainers"
+release = mpguide.__version__
+root_doc = "docs/index"
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.extlinks",
+    "sphinx.ext.viewcode",
+    "sphinx_copybutton",
+    "sphinx_gallery.gen_gallery",
+    "myst_nb",
+]
+
+exclude_patterns = [
+    "README.md", "build", "_build", ".nox", ".venv", "venv", "tests", "mpguide", ".ci",
+    ".github", "examples", "**/.ipynb_checkpoints", ".pytest_cache", ".hypothesis",
+    # sphinx-gallery's outputs: the notebooks are downloads, not pages for myst-nb.
+    "docs/auto_examples/**/*.ipynb", "docs/auto_examples/**/*.md", "docs/auto_examples/*.md",
+    "docs/_extra",
+]
+
+# myst / myst-nb
+myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
+myst_heading_anchors = 3
+myst_substitutions = {
+    "torch_version": torch.__version__,
+    "build_device": _machine.caption(),
+}
+nb_execution_mode = "cache"
+nb_execution_cache_path = str(ROOT / "build" / "jupyter_cache")
+nb_execution_raise_on_error = True
+nb_execution_timeout = 300
+nb_merge_streams = True
+
+# sphinx-gallery
+CHAPTERS = ["autocast", "profiler", "compile", "autograd", "numerics", "inference"]
+sphinx_gallery_conf = {
+    "examples_dirs": "examples",
+    "gallery_dirs": "docs/auto_examples",
+    "subsection_order": [f"examples/{c}" for c in CHAPTERS],
+    "within_subsection_order": "FileNameSortKey",
+    "filename_pattern": r"/plot_",
+    "reset_modules": ("matplotlib", "sphinx_helpers.reset_torch_state"),
+    "reset_modules_order": "both",
+    "abort_on_example_error": True,
+    "only_warn_on_example_error": False,
+    "remove_config_comments": True,
+    "download_all_examples": False,
+    "show_memory": False,
+    "min_reported_time": 1,
+    "capture_repr": ("_repr_html_", "__repr__"),
+    "matplotlib_animations": False,
+    "image_scrapers": ("matplotlib",),
+    "write_computation_times": True,
+}
+
+# Links to the PyTorch docs are plain URLs, so an offline build neither fails nor warns.
+# Online builds may add intersphinx for Python, NumPy and PyTorch names in docstrings.
+extlinks = {
+    "torchdoc": ("https://docs.pytorch.org/docs/stable/%s", "%s"),
+    "torchapi": ("https://docs.pytorch.org/docs/stable/generated/%s.html", "%s"),
+}
+if os.environ.get("MPGUIDE_INTERSPHINX") == "1":
+    extensions.append("sphinx.ext.intersphinx")
+    intersphinx_mapping = {
+        "python": ("https://docs.python.org/3", None),
+        "numpy": ("https://numpy.org/doc/stable", None),
+        "torch": ("https://docs.pytorch.org/docs/stable", None),
+    }
+
+# autodoc
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "undoc-members": False}
+napoleon_google_docstring = True
+
+# HTML
+html_theme = "pydata_sphinx_theme"
+html_title = "mpguide: the mixed-precision guide for PyTorch"
+html_static_path = ["docs/_static"]
+html_extra_path = ["docs/_extra"]
+html_css_files = ["mpguide.css"]
+html_theme_options = {
+    "navigation_depth": 2,
+    "show_toc_level": 2,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+    "secondary_sidebar_items": ["page-toc", "sourcelink"],
+}
+html_context = {"default_mode": "light"}
+html_show_sourcelink = False
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
+
+nitpicky = False
+suppress_warnings = ["config.cache"]

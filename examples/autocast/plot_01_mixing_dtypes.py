@@ -1,0 +1,82 @@
+"""
+Mixing dtypes, with and without autocast
+========================================
+
+Does PyTorch let a bf16 tensor meet an fp32 tensor? We call a matmul and a LayerNorm with one
+low-precision and one float32 operand, first outside and then inside :func:`torch.autocast`,
+on this build's device, and print what comes out or the error raised. The matmul fails
+outside autocast and returns bf16 inside it; what LayerNorm does depends on the device.
+"""
+
+# %%
+# Setup
+# -----
+# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# else the CPU.
+import torch
+
+from mpguide import device
+
+dev = device.pick()
+device.describe(dev)
+
+# %%
+# A bf16 x fp32 matmul outside autocast
+# -------------------------------------
+# Eager PyTorch does not promote the operands of a matmul: the call raises.
+gen = torch.Generator(device=dev).manual_seed(0)
+a = torch.randn(64, 32, device=dev, generator=gen).to(torch.bfloat16)
+w = torch.randn(32, 16, device=dev, generator=gen)
+
+try:
+    a @ w
+    matmul_error = None
+except RuntimeError as err:
+    matmul_error = str(err)
+print(f"bf16 @ fp32 outside autocast raises: {matmul_error}")
+assert matmul_error is not None
+
+# %%
+# The same matmul under autocast
+# ------------------------------
+# Autocast casts both operands to the low-precision dtype before the matmul runs.
+with torch.autocast(dev.type, dtype=torch.bfloat16):
+    out = a @ w
+print(f"under autocast: {a.dtype} @ {w.dtype} -> {out.dtype}")
+assert out.dtype == torch.bfloat16
+
+# %%
+# LayerNorm with fp32 weights on a bf16 input
+# -------------------------------------------
+# A LayerNorm built in float32 keeps float32 weights. We feed it a bf16 activation.
+ln = torch.nn.LayerNorm(32, device=dev)
+try:
+    ln_outside = ln(a).dtype
+except RuntimeError as err:
+    ln_outside = f"error: {err}"
+with torch.autocast(dev.type, dtype=torch.bfloat16):
+    ln_inside = ln(a).dtype
+print(f"outside autocast: LayerNorm(fp32 weights)(bf16 input) -> {ln_outside}")
+print(f"inside autocast:  LayerNorm(fp32 weights)(bf16 input) -> {ln_inside}")
+
+# %%
+# On CUDA, autocast runs ``layer_norm`` in float32 and returns float32. On the CPU, torch
+# accepts the mixed call even outside autocast, and CPU autocast leaves ``layer_norm`` alone,
+# so the output keeps the input's bf16. The assertions pin down what this build saw.
+if dev.type == "cuda":
+    assert ln_inside == torch.float32
+else:
+    assert ln_outside == torch.bfloat16
+    assert ln_inside == torch.bfloat16
+
+# %%
+# What we saw
+# -----------
+# - A bf16 x fp32 matmul raises outside autocast; under autocast it returns bf16.
+# - LayerNorm on a bf16 input under autocast returns the dtype printed above on this device:
+#   it differs between CPU and CUDA, so a table typed for one device is wrong for the other.
+#
+# .. admonition:: References
+#
+#    :torchapi:`torch.autocast`, :torchdoc:`amp.html#autocast-op-reference`,
+#    :torchapi:`torch.nn.LayerNorm`

@@ -1,0 +1,5 @@
+import sys
+
+from mpguide.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""``python -m mpguide``: the guide's probes on the reader's machine and traces.
+
+Every subcommand is a function ``_NAME(args)`` registered in :func:`parser`. Bad input ends
+with one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from mpguide import MPGuideError
+from mpguide.table import FORMATS
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise MPGuideError(message)
+
+
+def _policy(args: argparse.Namespace) -> str:
+    from mpguide import device, policy
+
+    dev = device.resolve(args.device) if args.device else device.pick()
+    result = policy.probe(dev, device.dtype(args.dtype))
+    return result.table().render(args.format)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line, with one subparser per subcommand."""
+    p = _Parser(prog="python -m mpguide", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                           metavar="COMMAND")
+
+    s = sub.add_parser("policy", help="probe autocast's per-op dtype policy on this machine",
+                       description="Probe autocast's per-op dtype policy on this machine.")
+    s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
+    s.add_argument("--dtype", default="bfloat16", help="bfloat16 or float16 (default bfloat16)")
+    s.add_argument("--format", default="table", choices=FORMATS)
+    s.set_defaults(run=_policy)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    try:
+        args = parser().parse_args(argv)
+        out = args.run(args)
+    except (MPGuideError, OSError) as err:
+        print(f"mpguide: error: {err}", file=sys.stderr)
+        return 2
+    sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    return 0

@@ -1,0 +1,447 @@
+"""Probe autocast's per-op behaviour on a device and dtype, classify each op, tabulate.
+
+Each op in :data:`CATALOGUE` runs under :func:`torch.autocast` three ways: with float32 inputs,
+with low-precision inputs, and (for ops with several floating inputs) with the first input in
+low precision and the rest in float32. A dispatch mode records the casts autocast inserts.
+The class comes from what happened, not from a list:
+
+- ``lower precision``: float32 inputs come out in the low-precision dtype;
+- ``float32``: low-precision inputs come out in float32;
+- ``promote``: mixed inputs are cast to the widest dtype before the op;
+- ``unchanged``: autocast casts nothing, the op keeps the dtypes it was given;
+- ``unsupported``: the op raises under autocast on uniform inputs (the error is kept).
+
+The casts counted are those autocast added: casts the same call also makes outside autocast
+(inside an op's own decomposition) are not autocast's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+from mpguide import MPGuideError
+from mpguide import device as _device
+from mpguide.table import Table
+
+LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED = (
+    "lower precision", "float32", "promote", "unchanged", "unsupported",
+)
+CLASSES = (LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED)
+_CASTS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device"}
+
+
+class Inputs:
+    """Makes seeded float32 inputs on one device for the catalogue's ops."""
+
+    def __init__(self, dev: torch.device, seed: int = 0):
+        self.dev = dev
+        self.gen = torch.Generator(device=dev).manual_seed(seed)
+
+    def __call__(self, *shape: int) -> torch.Tensor:
+        """Standard normal values."""
+        return torch.randn(*shape, generator=self.gen, device=self.dev)
+
+    def unit(self, *shape: int) -> torch.Tensor:
+        """Uniform values in [0, 1)."""
+        return torch.rand(*shape, generator=self.gen, device=self.dev)
+
+    def index(self, high: int, *shape: int) -> torch.Tensor:
+        """int64 values in [0, high)."""
+        return torch.randint(high, shape, generator=self.gen, device=self.dev)
+
+    def spd(self, n: int) -> torch.Tensor:
+        """A symmetric positive definite matrix."""
+        a = self(n, n)
+        return a @ a.T + n * torch.eye(n, device=self.dev)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One catalogue entry: how to make its inputs, and how to call it."""
+
+    name: str
+    family: str
+    inputs: Callable[[Inputs], tuple]
+    call: Callable[..., Any]
+
+
+def _ops() -> tuple[Op, ...]:
+    ops: list[Op] = []
+
+    def add(name, family, inputs, call):
+        ops.append(Op(name, family, inputs, call))
+
+    # matmul family
+    add("matmul", "matmul", lambda t: (t(8, 16), t(16, 4)), torch.matmul)
+    add("mm", "matmul", lambda t: (t(8, 16), t(16, 4)), torch.mm)
+    add("bmm", "matmul", lambda t: (t(2, 8, 16), t(2, 16, 4)), torch.bmm)
+    add("addmm", "matmul", lambda t: (t(8, 4), t(8, 16), t(16, 4)), torch.addmm)
+    add("baddbmm", "matmul", lambda t: (t(2, 8, 4), t(2, 8, 16), t(2, 16, 4)), torch.baddbmm)
+    add("addbmm", "matmul", lambda t: (t(8, 4), t(2, 8, 16), t(2, 16, 4)), torch.addbmm)
+    add("mv", "matmul", lambda t: (t(8, 16), t(16)), torch.mv)
+    add("addmv", "matmul", lambda t: (t(8), t(8, 16), t(16)), torch.addmv)
+    add("dot", "matmul", lambda t: (t(16), t(16)), torch.dot)
+    add("addr", "matmul", lambda t: (t(8, 4), t(8), t(4)), torch.addr)
+    add("einsum", "matmul", lambda t: (t(8, 16), t(16, 4)), lambda a, b: torch.einsum("ij,jk->ik", a, b))
+    add("tensordot", "matmul", lambda t: (t(4, 8, 16), t(8, 16, 2)), lambda a, b: torch.tensordot(a, b, dims=2))
+    add("linear", "matmul", lambda t: (t(8, 16), t(4, 16), t(4)), F.linear)
+    add("bilinear", "matmul", lambda t: (t(8, 5), t(8, 6), t(3, 5, 6), t(3)), F.bilinear)
+    add("scaled_dot_product_attention", "matmul",
+        lambda t: (t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16)), F.scaled_dot_product_attention)
+    add("matrix_power", "matmul", lambda t: (t(8, 8),), lambda a: torch.linalg.matrix_power(a, 3))
+    # convolutions
+    add("conv1d", "conv", lambda t: (t(1, 3, 16), t(4, 3, 3), t(4)), F.conv1d)
+    add("conv2d", "conv", lambda t: (t(1, 3, 8, 8), t(4, 3, 3, 3), t(4)), F.conv2d)
+    add("conv3d", "conv", lambda t: (t(1, 3, 4, 4, 4), t(4, 3, 3, 3, 3), t(4)), F.conv3d)
+    add("conv_transpose1d", "conv", lambda t: (t(1, 3, 16), t(3, 4, 3), t(4)), F.conv_transpose1d)
+    add("conv_transpose2d", "conv", lambda t: (t(1, 3, 8, 8), t(3, 4, 3, 3), t(4)), F.conv_transpose2d)
+    add("conv_transpose3d", "conv",
+        lambda t: (t(1, 3, 4, 4, 4), t(3, 4, 3, 3, 3), t(4)), F.conv_transpose3d)
+    add("prelu", "conv", lambda t: (t(2, 4, 8), t(4)), F.prelu)
+    # norms
+    add("layer_norm", "norm", lambda t: (t(4, 16), t(16), t(16)),
+        lambda x, w, b: F.layer_norm(x, (16,), w, b))
+    add("rms_norm", "norm", lambda t: (t(4, 16), t(16)), lambda x, w: F.rms_norm(x, (16,), w))
+    add("group_norm", "norm", lambda t: (t(2, 4, 8), t(4), t(4)),
+        lambda x, w, b: F.group_norm(x, 2, w, b))
+    add("batch_norm", "norm", lambda t: (t(4, 3, 8), t(3), t(3).abs() + 1, t(3), t(3)),
+        lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b))
+    add("instance_norm", "norm", lambda t: (t(2, 3, 8),), F.instance_norm)
+    add("local_response_norm", "norm", lambda t: (t(1, 4, 8),), lambda x: F.local_response_norm(x, 2))
+    add("normalize", "norm", lambda t: (t(4, 16),), F.normalize)
+    add("norm", "norm", lambda t: (t(4, 16),), torch.norm)
+    add("linalg.vector_norm", "norm", lambda t: (t(4, 16),), torch.linalg.vector_norm)
+    add("renorm", "norm", lambda t: (t(4, 16),), lambda x: torch.renorm(x, 2, 0, 1.0))
+    add("cosine_similarity", "norm", lambda t: (t(4, 16), t(4, 16)), F.cosine_similarity)
+    # softmax
+    add("softmax", "softmax", lambda t: (t(4, 16),), lambda x: torch.softmax(x, -1))
+    add("log_softmax", "softmax", lambda t: (t(4, 16),), lambda x: torch.log_softmax(x, -1))
+    add("softmin", "softmax", lambda t: (t(4, 16),), lambda x: F.softmin(x, -1))
+    # reductions
+    add("sum", "reduction", lambda t: (t(4, 16),), torch.sum)
+    add("prod", "reduction", lambda t: (t(4, 16),), lambda x: torch.prod(x, -1))
+    add("mean", "reduction", lambda t: (t(4, 16),), torch.mean)
+    add("cumsum", "reduction", lambda t: (t(4, 16),), lambda x: torch.cumsum(x, -1))
+    add("cumprod", "reduction", lambda t: (t(4, 16),), lambda x: torch.cumprod(x, -1))
+    add("var", "reduction", lambda t: (t(4, 16),), torch.var)
+    add("std", "reduction", lambda t: (t(4, 16),), torch.std)
+    add("logsumexp", "reduction", lambda t: (t(4, 16),), lambda x: torch.logsumexp(x, -1))
+    add("amax", "reduction", lambda t: (t(4, 16),), lambda x: torch.amax(x, -1))
+    add("trace", "reduction", lambda t: (t(8, 8),), torch.trace)
+    add("quantile", "reduction", lambda t: (t(64),), lambda x: torch.quantile(x, 0.5))
+    add("cdist", "reduction", lambda t: (t(4, 8), t(5, 8)), torch.cdist)
+    add("pdist", "reduction", lambda t: (t(4, 8),), F.pdist)
+    add("dist", "reduction", lambda t: (t(16), t(16)), torch.dist)
+    # pointwise math
+    for fn in ("exp", "log", "log2", "log10", "log1p", "expm1", "rsqrt", "reciprocal",
+               "sin", "tan", "sinh", "cosh", "asin", "acos", "erfinv", "sigmoid", "tanh"):
+        add(fn, "pointwise", lambda t: (t(4, 16).abs() * 0.5,), getattr(torch, fn))
+    add("pow (tensor, scalar)", "pointwise", lambda t: (t(4, 16),), lambda x: torch.pow(x, 3))
+    add("pow (tensor, tensor)", "pointwise", lambda t: (t(4, 16).abs(), t(4, 16)), torch.pow)
+    add("relu", "pointwise", lambda t: (t(4, 16),), torch.relu)
+    add("gelu", "pointwise", lambda t: (t(4, 16),), F.gelu)
+    add("silu", "pointwise", lambda t: (t(4, 16),), F.silu)
+    add("add", "pointwise", lambda t: (t(4, 16), t(4, 16)), torch.add)
+    add("mul", "pointwise", lambda t: (t(4, 16), t(4, 16)), torch.mul)
+    add("atan2", "pointwise", lambda t: (t(4, 16), t(4, 16)), torch.atan2)
+    # losses
+    add("mse_loss", "loss", lambda t: (t(4, 8), t(4, 8)), F.mse_loss)
+    add("l1_loss", "loss", lambda t: (t(4, 8), t(4, 8)), F.l1_loss)
+    add("smooth_l1_loss", "loss", lambda t: (t(4, 8), t(4, 8)), F.smooth_l1_loss)
+    add("huber_loss", "loss", lambda t: (t(4, 8), t(4, 8)), F.huber_loss)
+    add("cross_entropy", "loss", lambda t: (t(4, 8), t.index(8, 4)), F.cross_entropy)
+    add("nll_loss", "loss", lambda t: (torch.log_softmax(t(4, 8), -1), t.index(8, 4)), F.nll_loss)
+    add("kl_div", "loss", lambda t: (torch.log_softmax(t(4, 8), -1), t.unit(4, 8)),
+        lambda x, y: F.kl_div(x, y, reduction="batchmean"))
+    add("binary_cross_entropy", "loss", lambda t: (t.unit(4, 8), t.unit(4, 8)),
+        F.binary_cross_entropy)
+    add("binary_cross_entropy_with_logits", "loss", lambda t: (t(4, 8), t.unit(4, 8)),
+        F.binary_cross_entropy_with_logits)
+    add("poisson_nll_loss", "loss", lambda t: (t(4, 8), t.unit(4, 8)), F.poisson_nll_loss)
+    add("soft_margin_loss", "loss", lambda t: (t(4, 8), t(4, 8).sign()), F.soft_margin_loss)
+    add("margin_ranking_loss", "loss", lambda t: (t(8), t(8), t(8).sign()), F.margin_ranking_loss)
+    add("cosine_embedding_loss", "loss", lambda t: (t(4, 8), t(4, 8), t(4).sign()),
+        F.cosine_embedding_loss)
+    add("triplet_margin_loss", "loss", lambda t: (t(4, 8), t(4, 8), t(4, 8)), F.triplet_margin_loss)
+    # multi-input ops
+    add("cat", "multi-input", lambda t: (t(4, 8), t(4, 8)), lambda a, b: torch.cat([a, b]))
+    add("stack", "multi-input", lambda t: (t(4, 8), t(4, 8)), lambda a, b: torch.stack([a, b]))
+    add("addcmul", "multi-input", lambda t: (t(4, 8), t(4, 8), t(4, 8)), torch.addcmul)
+    add("addcdiv", "multi-input", lambda t: (t(4, 8), t(4, 8), t(4, 8).abs() + 1), torch.addcdiv)
+    add("lerp", "multi-input", lambda t: (t(4, 8), t(4, 8), t.unit(4, 8)), torch.lerp)
+    add("where", "multi-input", lambda t: (t(4, 8) > 0, t(4, 8), t(4, 8)), torch.where)
+    add("cross", "multi-input", lambda t: (t(4, 3), t(4, 3)), torch.linalg.cross)
+    add("index_put", "multi-input", lambda t: (t(8, 4), t.index(8, 3), t(3, 4)),
+        lambda x, i, v: x.index_put((i,), v))
+    add("index_copy", "multi-input", lambda t: (t(8, 4), torch.arange(3, device=t.dev), t(3, 4)),
+        lambda x, i, v: x.index_copy(0, i, v))
+    add("scatter_add", "multi-input", lambda t: (t(4, 8), t.index(4, 4, 8), t(4, 8)),
+        lambda x, i, v: x.scatter_add(0, i, v))
+    add("grid_sample", "multi-input", lambda t: (t(1, 2, 8, 8), t.unit(1, 4, 4, 2) * 2 - 1),
+        lambda x, g: F.grid_sample(x, g, align_corners=False))
+    # linear algebra, spectral and pooling
+    add("linalg.inv", "linalg", lambda t: (t.spd(8),), torch.linalg.inv)
+    add("linalg.cholesky", "linalg", lambda t: (t.spd(8),), torch.linalg.cholesky)
+    add("linalg.qr", "linalg", lambda t: (t(8, 8),), lambda a: torch.linalg.qr(a).Q)
+    add("linalg.solve", "linalg", lambda t: (t.spd(8), t(8, 2)), torch.linalg.solve)
+    add("linalg.eigh", "linalg", lambda t: (t.spd(8),), lambda a: torch.linalg.eigh(a).eigenvalues)
+    add("fft.rfft", "linalg", lambda t: (t(4, 16),), torch.fft.rfft)
+    add("avg_pool2d", "pooling", lambda t: (t(1, 2, 8, 8),), lambda x: F.avg_pool2d(x, 2))
+    add("avg_pool3d", "pooling", lambda t: (t(1, 2, 4, 4, 4),), lambda x: F.avg_pool3d(x, 2))
+    add("max_pool2d", "pooling", lambda t: (t(1, 2, 8, 8),), lambda x: F.max_pool2d(x, 2))
+    add("interpolate (bilinear)", "pooling", lambda t: (t(1, 2, 4, 4),),
+        lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"))
+    add("embedding", "pooling", lambda t: (t.index(10, 4), t(10, 8)), F.embedding)
+    return tuple(ops)
+
+
+CATALOGUE: tuple[Op, ...] = _ops()
+
+
+class _CastRecorder(TorchDispatchMode):
+    """Records the floating-point dtype conversions that reach the dispatcher."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts: list[tuple[torch.dtype, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func) in _CASTS and isinstance(out, torch.Tensor):
+            src = args[0].dtype
+            if src != out.dtype and src.is_floating_point and out.dtype.is_floating_point:
+                self.casts.append((src, out.dtype))
+        return out
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one call gave: the output dtype, the casts autocast inserted, or the error."""
+
+    out: torch.dtype | None
+    casts: tuple[tuple[torch.dtype, torch.dtype], ...]
+    error: str | None = None
+    warning: str | None = None
+
+
+def _first_float(value: Any) -> torch.dtype | None:
+    for leaf in tree_leaves(value):
+        if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex()):
+            return leaf.dtype
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def _call(op: Op, args: tuple, dev: torch.device, dtype: torch.dtype | None) -> Run:
+    recorder = _CastRecorder()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None), recorder:
+                out = op.call(*args)
+        except Exception as err:  # an op that raises is a finding, not a failure
+            return Run(None, tuple(recorder.casts), _one_line(err))
+        finally:
+            torch.clear_autocast_cache()
+    warning = f"{caught[0].category.__name__}: {caught[0].message}" if caught else None
+    return Run(_first_float(out), tuple(recorder.casts), warning=warning)
+
+
+def run(op: Op, args: tuple, dev: torch.device, dtype: torch.dtype) -> Run:
+    """Call ``op`` on ``args`` under autocast for ``dev`` and ``dtype``.
+
+    The casts kept are those autocast inserted: the ones the same call makes outside autocast
+    (an op's own decomposition may cast) are taken away.
+    """
+    inside = _call(op, args, dev, dtype)
+    own = Counter(_call(op, args, dev, None).casts)
+    added = []
+    for c in inside.casts:
+        if own[c]:
+            own[c] -= 1
+        else:
+            added.append(c)
+    return Run(inside.out, tuple(added), inside.error, inside.warning)
+
+
+def _cast_floats(args: tuple, dtypes: Sequence[torch.dtype]) -> tuple:
+    it = iter(dtypes)
+
+    def cast(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.to(next(it))
+        return x
+
+    return tree_map(cast, args)
+
+
+def _n_floats(args: tuple) -> int:
+    return sum(isinstance(x, torch.Tensor) and x.is_floating_point() for x in tree_leaves(args))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One op's behaviour under autocast, and the class it falls in."""
+
+    op: str
+    family: str
+    kind: str
+    fp32_in: Run
+    low_in: Run
+    mixed_in: Run | None
+
+    @property
+    def error(self) -> str | None:
+        """The first error of the three runs."""
+        runs = (self.fp32_in, self.low_in, self.mixed_in)
+        return next((r.error for r in runs if r is not None and r.error), None)
+
+    @property
+    def note(self) -> str:
+        """The first error, else the first warning, of the three runs."""
+        runs = [r for r in (self.fp32_in, self.low_in, self.mixed_in) if r is not None]
+        return self.error or next((r.warning for r in runs if r.warning), "")
+
+    @property
+    def casts(self) -> tuple[str, ...]:
+        """The distinct casts autocast inserted, as ``src->dst``, over all three runs."""
+        seen: dict[str, None] = {}
+        for r in (self.fp32_in, self.low_in, self.mixed_in):
+            for src, dst in r.casts if r else ():
+                seen[f"{_device.dtype_name(src)}->{_device.dtype_name(dst)}"] = None
+        return tuple(seen)
+
+
+def _real(dt: torch.dtype | None) -> torch.dtype | None:
+    return dt.to_real() if dt is not None and dt.is_complex else dt
+
+
+def classify(fp32_in: Run, low_in: Run, mixed_in: Run | None, dtype: torch.dtype) -> str:
+    """The class of an op from its three runs (see the module's docstring).
+
+    An op that raises only on mixed inputs keeps the class its uniform runs give: autocast
+    did not reconcile the dtypes, and the probe's error column says so.
+    """
+    if fp32_in.error or low_in.error:
+        return UNSUPPORTED
+    if _real(fp32_in.out) == dtype:
+        return LOWER
+    if _real(low_in.out) == torch.float32:
+        return FLOAT32
+    if mixed_in is not None and (dtype, torch.float32) in mixed_in.casts:
+        return PROMOTE
+    return UNCHANGED
+
+
+def probe_op(op: Op, dev: torch.device, dtype: torch.dtype, seed: int = 0) -> Probe:
+    """Run one op the three ways and classify it."""
+    args = op.inputs(Inputs(dev, seed))
+    n = _n_floats(args)
+    fp32_in = run(op, _cast_floats(args, [torch.float32] * n), dev, dtype)
+    low_in = run(op, _cast_floats(args, [dtype] * n), dev, dtype)
+    mixed_in = (run(op, _cast_floats(args, [dtype] + [torch.float32] * (n - 1)), dev, dtype)
+                if n >= 2 else None)
+    return Probe(op.name, op.family, classify(fp32_in, low_in, mixed_in, dtype),
+                 fp32_in, low_in, mixed_in)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Autocast's behaviour for every probed op on one device and low-precision dtype."""
+
+    device: str
+    dtype: torch.dtype
+    machine: _device.Machine
+    probes: tuple[Probe, ...] = field(repr=False)
+
+    def __getitem__(self, op: str) -> Probe:
+        for p in self.probes:
+            if p.op == op:
+                return p
+        raise KeyError(op)
+
+    def kind(self, op: str) -> str:
+        """The class of one op."""
+        return self[op].kind
+
+    def ops(self, kind: str) -> list[str]:
+        """The ops in one class, in catalogue order."""
+        return [p.op for p in self.probes if p.kind == kind]
+
+    def counts(self) -> dict[str, int]:
+        """How many ops fall in each class (every class listed, zeros included)."""
+        c = Counter(p.kind for p in self.probes)
+        return {k: c.get(k, 0) for k in CLASSES}
+
+    @property
+    def caption(self) -> str:
+        return (f"autocast({self.device!r}, dtype={_device.dtype_name(self.dtype)}): "
+                f"{len(self.probes)} ops, {self.machine.caption()}")
+
+    def table(self, kind: str | None = None) -> Table:
+        """The probes as a table grouped by class (or one class only)."""
+        low = _device.dtype_name(self.dtype)
+        columns = ("op", "family", "class", "float32 in", f"{low} in", "mixed in", "casts", "note")
+        order = {k: i for i, k in enumerate(CLASSES)}
+        rows = tuple(
+            (p.op, p.family, p.kind, _out(p.fp32_in), _out(p.low_in), _out(p.mixed_in),
+             ", ".join(p.casts), p.note)
+            for p in sorted(self.probes, key=lambda p: order[p.kind])
+            if kind is None or p.kind == kind
+        )
+        return Table(columns, rows, self.caption)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}: {n}" for k, n in self.counts().items())
+        return f"{self.caption}\n{counts}\n\n{self.table().to_text()}"
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><strong>{escape(self.caption)}</strong></p>"]
+        for kind, n in self.counts().items():
+            if n:
+                t = self.table(kind)
+                parts.append(f"<p><em>{escape(kind)}</em>: {n} ops</p>")
+                parts.append(Table(t.columns, t.rows).to_html())
+        return "".join(parts)
+
+
+def _out(r: Run | None) -> str:
+    if r is None:
+        return ""
+    return "error" if r.error else _device.dtype_name(r.out) if r.out else "-"
+
+
+def probe(dev: torch.device | str | None = None, dtype: torch.dtype | str = torch.bfloat16,
+          ops: Sequence[Op] = CATALOGUE, seed: int = 0) -> Policy:
+    """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.device.pick`)."""
+    dev = _device.pick() if dev is None else _device.resolve(str(dev))
+    dtype = _device.dtype(dtype)
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise MPGuideError(f"autocast takes bfloat16 or float16, not {_device.dtype_name(dtype)}")
+    probes = tuple(probe_op(op, dev, dtype, seed) for op in ops)
+    return Policy(dev.type, dtype, _device.describe(dev), probes)
+
+
+def differences(a: Policy, b: Policy) -> Table:
+    """The ops whose class differs between two policies (e.g. bf16 and fp16 on one device)."""
+    na, nb = _device.dtype_name(a.dtype), _device.dtype_name(b.dtype)
+    rows = tuple(
+        (pa.op, pa.family, pa.kind, pb.kind, pb.note or pa.note)
+        for pa, pb in zip(a.probes, b.probes) if pa.kind != pb.kind
+    )
+    return Table(("op", "family", na, nb, "note"), rows,
+                 f"ops whose class differs between {na} and {nb} on {a.device}")

@@ -1,0 +1,133 @@
+"""One table type for every result: text, markdown, HTML, JSON and CSV renderings."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+import torch
+
+FORMATS = ("table", "markdown", "json", "csv")
+
+
+def cell(value: Any) -> str:
+    """How one value reads in a table."""
+    if value is None:
+        return ""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(cell(v) for v in value)
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return cell(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows under named columns, with a caption saying where they were measured."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    caption: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        for row in self.rows:
+            if len(row) != len(self.columns):
+                raise ValueError(f"row {row!r} has {len(row)} cells for {len(self.columns)} columns")
+
+    def column(self, name: str) -> list[Any]:
+        i = self.columns.index(name)
+        return [row[i] for row in self.rows]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def where(self, **match: Any) -> Table:
+        """The rows whose named cells equal the given values."""
+        idx = {self.columns.index(k): v for k, v in match.items()}
+        rows = tuple(r for r in self.rows if all(r[i] == v for i, v in idx.items()))
+        return Table(self.columns, rows, self.caption, self.notes)
+
+    def to_text(self) -> str:
+        body = [[cell(v) for v in row] for row in self.rows]
+        widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(self.columns)]
+        line = "  ".join("-" * w for w in widths)
+        out = [self.caption] if self.caption else []
+        out += ["  ".join(c.ljust(w) for c, w in zip(self.columns, widths)).rstrip(), line]
+        out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in body]
+        out += list(self.notes)
+        return "\n".join(out)
+
+    def to_markdown(self) -> str:
+        def esc(s: str) -> str:
+            return s.replace("|", "\\|").replace("\n", " ")
+
+        out = [f"**{self.caption}**", ""] if self.caption else []
+        out.append("| " + " | ".join(esc(c) for c in self.columns) + " |")
+        out.append("|" + "---|" * len(self.columns))
+        out += ["| " + " | ".join(esc(cell(v)) for v in row) + " |" for row in self.rows]
+        out += ["", *self.notes] if self.notes else []
+        return "\n".join(out)
+
+    def to_html(self) -> str:
+        head = "".join(f"<th>{escape(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{escape(cell(v))}</td>" for v in row) + "</tr>"
+            for row in self.rows
+        )
+        cap = f"<caption>{escape(self.caption)}</caption>" if self.caption else ""
+        notes = "".join(f"<p><small>{escape(n)}</small></p>" for n in self.notes)
+        return (
+            f'<div class="mpguide-table"><table class="table">{cap}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>{notes}</div>"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"caption": self.caption, "notes": list(self.notes),
+             "rows": [{k: _plain(v) for k, v in r.items()} for r in self.records()]},
+            indent=2,
+        )
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(self.columns)
+        writer.writerows([cell(v) for v in row] for row in self.rows)
+        return buf.getvalue()
+
+    def render(self, fmt: str) -> str:
+        """Render as one of :data:`FORMATS`."""
+        renderers = {"table": self.to_text, "markdown": self.to_markdown,
+                     "json": self.to_json, "csv": self.to_csv}
+        if fmt not in renderers:
+            raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        return renderers[fmt]()
+
+    def __repr__(self) -> str:
+        return self.to_text()
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def from_records(records: Sequence[dict[str, Any]], caption: str = "", notes=()) -> Table:
+    """A table whose columns are the keys of the first record."""
+    columns = tuple(records[0]) if records else ()
+    return Table(columns, tuple(tuple(r[c] for c in columns) for r in records), caption,
+                 tuple(notes))

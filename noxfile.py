@@ -1,0 +1,80 @@
+"""Sessions: ``nox -s tests`` (default), ``nox -s docs``, ``nox -s lint``.
+
+Arguments after ``--`` pass through to the tool: ``nox -s tests -- -k policy``,
+``nox -s docs -- -D sphinx_gallery_conf.filename_pattern=plot_01``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+BUILD = ROOT / "build"
+TORCH_PIN = "torch==2.13.0"
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests"]
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    """Install mpguide with ``extras``, reusing the torch of the Python running nox if it has one.
+
+    A GPU runner's CUDA build of torch is linked into the session through a ``.pth`` file; a
+    fresh machine gets the pinned CPU build, never an unpinned torch and its CUDA packages.
+    """
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        site = Path(list(spec.submodule_search_locations)[0]).parent
+        purelib = session.run(
+            "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            silent=True,
+        ).strip()
+        Path(purelib, "_mpguide_host_torch.pth").write_text(f"{site}\n")
+        session.log(f"using the torch already installed in {site}")
+        pins = []
+    else:
+        pins = [TORCH_PIN]
+    spec_extras = f".[{','.join(extras)}]" if extras else "."
+    session.install(*pins, "-e", spec_extras)
+
+
+@nox.session(default=True)
+def tests(session: nox.Session) -> None:
+    """Run the test suite."""
+    _install(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(default=False)
+def docs(session: nox.Session) -> None:
+    """Build the HTML site into build/html; with ``-- serve`` rebuild and reload on change."""
+    _install(session, "docs")
+    args = list(session.posargs)
+    out = BUILD / "html"
+    env = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
+    if args[:1] == ["serve"]:
+        session.install("sphinx-autobuild")
+        session.run(
+            "sphinx-autobuild", "-j", "1", ".", str(out), "--watch", "mpguide",
+            "--ignore", "docs/auto_examples", "--ignore", "build", *args[1:], env=env,
+        )
+        return
+    session.run(
+        "sphinx-build", "-b", "html", "-W", "--keep-going", "-d", str(BUILD / "doctrees"),
+        ".", str(out), *args, env=env,
+    )
+    session.log(f"the site is at {out / 'index.html'}")
+
+
+@nox.session(default=False)
+def lint(session: nox.Session) -> None:
+    """Check style with ruff."""
+    session.install("ruff")
+    session.run("ruff", "check", ".", *session.posargs)
+    session.run("ruff", "format", "--check", "--diff", "mpguide", "tests", *session.posargs)

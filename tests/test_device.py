@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from mpguide import MPGuideError, device
+
+
+def test_pick_is_cuda_exactly_when_available(monkeypatch):
+    monkeypatch.delenv("MPGUIDE_DEVICE", raising=False)
+    assert device.pick().type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_pick_honours_the_override(monkeypatch):
+    monkeypatch.setenv("MPGUIDE_DEVICE", "cpu")
+    assert device.pick() == torch.device("cpu")
+
+
+def test_override_to_a_missing_device_fails(monkeypatch):
+    monkeypatch.setenv("MPGUIDE_DEVICE", "tpu")
+    with pytest.raises(MPGuideError, match="unknown device 'tpu'"):
+        device.pick()
+
+
+@pytest.mark.parametrize("name", ["tpu", "gpu", "cpu:x"])
+def test_resolve_rejects_unknown_devices(name):
+    with pytest.raises(MPGuideError, match="unknown device"):
+        device.resolve(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_resolve_rejects_cuda_without_a_gpu():
+    with pytest.raises(MPGuideError, match="not available"):
+        device.resolve("cuda")
+
+
+@pytest.mark.gpu
+def test_resolve_rejects_a_cuda_index_past_the_last():
+    with pytest.raises(MPGuideError, match="CUDA device"):
+        device.resolve(f"cuda:{torch.cuda.device_count()}")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("torch.float16", torch.float16),
+     ("HALF", torch.float16), ("fp32", torch.float32), (torch.float64, torch.float64)],
+)
+def test_dtype_names(name, expected):
+    assert device.dtype(name) is expected
+
+
+def test_unknown_dtype_names_the_choices():
+    with pytest.raises(MPGuideError, match="unknown dtype 'int8'; choose one of .*bfloat16"):
+        device.dtype("int8")
+
+
+def test_describe_names_torch_and_the_device():
+    m = device.describe("cpu")
+    assert m.device == "cpu"
+    assert m.torch == torch.__version__
+    assert torch.__version__ in m.caption() and "cpu" in m.caption()
+    assert m.caption() in m._repr_html_()
+
+
+@pytest.mark.gpu
+def test_describe_cuda_names_the_gpu():
+    m = device.describe("cuda")
+    assert m.name == torch.cuda.get_device_name(0)
