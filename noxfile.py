@@ -48,7 +48,7 @@ def _install(session: nox.Session, *extras: str) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite."""
     _install(session, "test")
-    session.run("pytest", *session.posargs)
+    session.run("python", "-m", "pytest", *session.posargs)
 
 
 @nox.session(default=False)
@@ -61,12 +61,12 @@ def docs(session: nox.Session) -> None:
     if args[:1] == ["serve"]:
         session.install("sphinx-autobuild")
         session.run(
-            "sphinx-autobuild", "-j", "1", ".", str(out), "--watch", "mpguide",
+            "python", "-m", "sphinx_autobuild", "-j", "1", ".", str(out), "--watch", "mpguide",
             "--ignore", "docs/auto_examples", "--ignore", "build", *args[1:], env=env,
         )
         return
     session.run(
-        "sphinx-build", "-b", "html", "-W", "--keep-going", "-d", str(BUILD / "doctrees"),
+        "python", "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-d", str(BUILD / "doctrees"),
         ".", str(out), *args, env=env,
     )
     session.log(f"the site is at {out / 'index.html'}")
@@ -76,5 +76,5 @@ def docs(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Check style with ruff."""
     session.install("ruff")
-    session.run("ruff", "check", ".", *session.posargs)
-    session.run("ruff", "format", "--check", "--diff", "mpguide", "tests", *session.posargs)
+    session.run("python", "-m", "ruff", "check", ".", *session.posargs)
+    session.run("python", "-m", "ruff", "format", "--check", "--diff", "mpguide", "tests", *session.posargs)
