@@ -8,6 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs"))
+# Compiled examples reuse inductor's cache across builds; it lives with the build's outputs.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / "build" / "inductor_cache"))
 
 _needed = {
     "sphinx_gallery": "sphinx-gallery", "myst_nb": "myst-nb",
