@@ -12,9 +12,12 @@ sys.path.insert(0, str(ROOT / "docs"))
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / "build" / "inductor_cache"))
 
 _needed = {
-    "sphinx_gallery": "sphinx-gallery", "myst_nb": "myst-nb",
-    "pydata_sphinx_theme": "pydata-sphinx-theme", "sphinx_copybutton": "sphinx-copybutton",
-    "torch": "torch==2.13.0", "matplotlib": "matplotlib",
+    "sphinx_gallery": "sphinx-gallery",
+    "myst_nb": "myst-nb",
+    "pydata_sphinx_theme": "pydata-sphinx-theme",
+    "sphinx_copybutton": "sphinx-copybutton",
+    "torch": "torch==2.13.0",
+    "matplotlib": "matplotlib",
 }
 _missing = [pkg for mod, pkg in _needed.items() if importlib.util.find_spec(mod) is None]
 if _missing:
@@ -22,10 +25,10 @@ if _missing:
         f"the docs need {', '.join(_missing)}: install them, or build with `nox -s docs`"
     )
 
-import torch  # noqa: E402
+import torch
 
-import mpguide  # noqa: E402
-from mpguide import device  # noqa: E402
+import mpguide
+from mpguide import device
 
 _machine = device.describe()
 
@@ -46,10 +49,24 @@ extensions = [
 ]
 
 exclude_patterns = [
-    "README.md", "build", "_build", ".nox", ".venv", "venv", "tests", "mpguide", ".ci",
-    ".github", "examples", "**/.ipynb_checkpoints", ".pytest_cache", ".hypothesis",
+    "README.md",
+    "build",
+    "_build",
+    ".nox",
+    ".venv",
+    "venv",
+    "tests",
+    "mpguide",
+    ".ci",
+    ".github",
+    "examples",
+    "**/.ipynb_checkpoints",
+    ".pytest_cache",
+    ".hypothesis",
     # sphinx-gallery's outputs: the notebooks are downloads, not pages for myst-nb.
-    "docs/auto_examples/**/*.ipynb", "docs/auto_examples/**/*.md", "docs/auto_examples/*.md",
+    "docs/auto_examples/**/*.ipynb",
+    "docs/auto_examples/**/*.md",
+    "docs/auto_examples/*.md",
     "docs/_extra",
 ]
 

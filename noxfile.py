@@ -7,8 +7,6 @@ Arguments after ``--`` pass through to the tool: ``nox -s tests -- -k policy``,
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from pathlib import Path
 
 import nox
@@ -30,9 +28,11 @@ def _install(session: nox.Session, *extras: str) -> None:
     """
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.submodule_search_locations:
-        site = Path(list(spec.submodule_search_locations)[0]).parent
+        site = Path(next(iter(spec.submodule_search_locations))).parent
         purelib = session.run(
-            "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            "python",
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
             silent=True,
         ).strip()
         Path(purelib, "_mpguide_host_torch.pth").write_text(f"{site}\n")
@@ -61,13 +61,37 @@ def docs(session: nox.Session) -> None:
     if args[:1] == ["serve"]:
         session.install("sphinx-autobuild")
         session.run(
-            "python", "-m", "sphinx_autobuild", "-j", "1", ".", str(out), "--watch", "mpguide",
-            "--ignore", "docs/auto_examples", "--ignore", "build", *args[1:], env=env,
+            "python",
+            "-m",
+            "sphinx_autobuild",
+            "-j",
+            "1",
+            ".",
+            str(out),
+            "--watch",
+            "mpguide",
+            "--ignore",
+            "docs/auto_examples",
+            "--ignore",
+            "build",
+            *args[1:],
+            env=env,
         )
         return
     session.run(
-        "python", "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-d", str(BUILD / "doctrees"),
-        ".", str(out), *args, env=env,
+        "python",
+        "-m",
+        "sphinx",
+        "-b",
+        "html",
+        "-W",
+        "--keep-going",
+        "-d",
+        str(BUILD / "doctrees"),
+        ".",
+        str(out),
+        *args,
+        env=env,
     )
     session.log(f"the site is at {out / 'index.html'}")
 
@@ -77,4 +101,6 @@ def lint(session: nox.Session) -> None:
     """Check style with ruff."""
     session.install("ruff")
     session.run("python", "-m", "ruff", "check", ".", *session.posargs)
-    session.run("python", "-m", "ruff", "format", "--check", "--diff", "mpguide", "tests", *session.posargs)
+    session.run(
+        "python", "-m", "ruff", "format", "--check", "--diff", "mpguide", "tests", *session.posargs
+    )

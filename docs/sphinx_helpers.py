@@ -13,5 +13,3 @@ def reset_torch_state(gallery_conf, fname, when=None):
     import matplotlib.pyplot as plt
 
     plt.close("all")
-
-

@@ -30,11 +30,13 @@ def _policy(args: argparse.Namespace) -> str:
 def parser() -> argparse.ArgumentParser:
     """The command line, with one subparser per subcommand."""
     p = _Parser(prog="python -m mpguide", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                           metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    s = sub.add_parser("policy", help="probe autocast's per-op dtype policy on this machine",
-                       description="Probe autocast's per-op dtype policy on this machine.")
+    s = sub.add_parser(
+        "policy",
+        help="probe autocast's per-op dtype policy on this machine",
+        description="Probe autocast's per-op dtype policy on this machine.",
+    )
     s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
     s.add_argument("--dtype", default="bfloat16", help="bfloat16 or float16 (default bfloat16)")
     s.add_argument("--format", default="table", choices=FORMATS)

@@ -11,10 +11,17 @@ import torch
 from mpguide import MPGuideError
 
 _DTYPES = {
-    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "double": torch.float64,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
 }
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -119,5 +126,9 @@ def describe(dev: torch.device | str | None = None) -> Machine:
             f"{torch.get_num_threads()} threads, {platform.machine()}, "
             f"{'no CUDA build' if torch.version.cuda is None else f'CUDA {torch.version.cuda} build'}"
         )
-    return Machine(device=dev.type, name=name, torch=torch.__version__, detail=f"{detail}, "
-                   f"Python {platform.python_version()}")
+    return Machine(
+        device=dev.type,
+        name=name,
+        torch=torch.__version__,
+        detail=f"{detail}, Python {platform.python_version()}",
+    )

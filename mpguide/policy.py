@@ -34,7 +34,11 @@ from mpguide import device as _device
 from mpguide.table import Table
 
 LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED = (
-    "lower precision", "float32", "promote", "unchanged", "unsupported",
+    "lower precision",
+    "float32",
+    "promote",
+    "unchanged",
+    "unsupported",
 )
 CLASSES = (LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED)
 _CASTS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device"}
@@ -92,32 +96,72 @@ def _ops() -> tuple[Op, ...]:
     add("addmv", "matmul", lambda t: (t(8), t(8, 16), t(16)), torch.addmv)
     add("dot", "matmul", lambda t: (t(16), t(16)), torch.dot)
     add("addr", "matmul", lambda t: (t(8, 4), t(8), t(4)), torch.addr)
-    add("einsum", "matmul", lambda t: (t(8, 16), t(16, 4)), lambda a, b: torch.einsum("ij,jk->ik", a, b))
-    add("tensordot", "matmul", lambda t: (t(4, 8, 16), t(8, 16, 2)), lambda a, b: torch.tensordot(a, b, dims=2))
+    add(
+        "einsum",
+        "matmul",
+        lambda t: (t(8, 16), t(16, 4)),
+        lambda a, b: torch.einsum("ij,jk->ik", a, b),
+    )
+    add(
+        "tensordot",
+        "matmul",
+        lambda t: (t(4, 8, 16), t(8, 16, 2)),
+        lambda a, b: torch.tensordot(a, b, dims=2),
+    )
     add("linear", "matmul", lambda t: (t(8, 16), t(4, 16), t(4)), F.linear)
     add("bilinear", "matmul", lambda t: (t(8, 5), t(8, 6), t(3, 5, 6), t(3)), F.bilinear)
-    add("scaled_dot_product_attention", "matmul",
-        lambda t: (t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16)), F.scaled_dot_product_attention)
+    add(
+        "scaled_dot_product_attention",
+        "matmul",
+        lambda t: (t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16)),
+        F.scaled_dot_product_attention,
+    )
     add("matrix_power", "matmul", lambda t: (t(8, 8),), lambda a: torch.linalg.matrix_power(a, 3))
     # convolutions
     add("conv1d", "conv", lambda t: (t(1, 3, 16), t(4, 3, 3), t(4)), F.conv1d)
     add("conv2d", "conv", lambda t: (t(1, 3, 8, 8), t(4, 3, 3, 3), t(4)), F.conv2d)
     add("conv3d", "conv", lambda t: (t(1, 3, 4, 4, 4), t(4, 3, 3, 3, 3), t(4)), F.conv3d)
     add("conv_transpose1d", "conv", lambda t: (t(1, 3, 16), t(3, 4, 3), t(4)), F.conv_transpose1d)
-    add("conv_transpose2d", "conv", lambda t: (t(1, 3, 8, 8), t(3, 4, 3, 3), t(4)), F.conv_transpose2d)
-    add("conv_transpose3d", "conv",
-        lambda t: (t(1, 3, 4, 4, 4), t(3, 4, 3, 3, 3), t(4)), F.conv_transpose3d)
+    add(
+        "conv_transpose2d",
+        "conv",
+        lambda t: (t(1, 3, 8, 8), t(3, 4, 3, 3), t(4)),
+        F.conv_transpose2d,
+    )
+    add(
+        "conv_transpose3d",
+        "conv",
+        lambda t: (t(1, 3, 4, 4, 4), t(3, 4, 3, 3, 3), t(4)),
+        F.conv_transpose3d,
+    )
     add("prelu", "conv", lambda t: (t(2, 4, 8), t(4)), F.prelu)
     # norms
-    add("layer_norm", "norm", lambda t: (t(4, 16), t(16), t(16)),
-        lambda x, w, b: F.layer_norm(x, (16,), w, b))
+    add(
+        "layer_norm",
+        "norm",
+        lambda t: (t(4, 16), t(16), t(16)),
+        lambda x, w, b: F.layer_norm(x, (16,), w, b),
+    )
     add("rms_norm", "norm", lambda t: (t(4, 16), t(16)), lambda x, w: F.rms_norm(x, (16,), w))
-    add("group_norm", "norm", lambda t: (t(2, 4, 8), t(4), t(4)),
-        lambda x, w, b: F.group_norm(x, 2, w, b))
-    add("batch_norm", "norm", lambda t: (t(4, 3, 8), t(3), t(3).abs() + 1, t(3), t(3)),
-        lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b))
+    add(
+        "group_norm",
+        "norm",
+        lambda t: (t(2, 4, 8), t(4), t(4)),
+        lambda x, w, b: F.group_norm(x, 2, w, b),
+    )
+    add(
+        "batch_norm",
+        "norm",
+        lambda t: (t(4, 3, 8), t(3), t(3).abs() + 1, t(3), t(3)),
+        lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b),
+    )
     add("instance_norm", "norm", lambda t: (t(2, 3, 8),), F.instance_norm)
-    add("local_response_norm", "norm", lambda t: (t(1, 4, 8),), lambda x: F.local_response_norm(x, 2))
+    add(
+        "local_response_norm",
+        "norm",
+        lambda t: (t(1, 4, 8),),
+        lambda x: F.local_response_norm(x, 2),
+    )
     add("normalize", "norm", lambda t: (t(4, 16),), F.normalize)
     add("norm", "norm", lambda t: (t(4, 16),), torch.norm)
     add("linalg.vector_norm", "norm", lambda t: (t(4, 16),), torch.linalg.vector_norm)
@@ -143,8 +187,25 @@ def _ops() -> tuple[Op, ...]:
     add("pdist", "reduction", lambda t: (t(4, 8),), F.pdist)
     add("dist", "reduction", lambda t: (t(16), t(16)), torch.dist)
     # pointwise math
-    for fn in ("exp", "log", "log2", "log10", "log1p", "expm1", "rsqrt", "reciprocal",
-               "sin", "tan", "sinh", "cosh", "asin", "acos", "erfinv", "sigmoid", "tanh"):
+    for fn in (
+        "exp",
+        "log",
+        "log2",
+        "log10",
+        "log1p",
+        "expm1",
+        "rsqrt",
+        "reciprocal",
+        "sin",
+        "tan",
+        "sinh",
+        "cosh",
+        "asin",
+        "acos",
+        "erfinv",
+        "sigmoid",
+        "tanh",
+    ):
         add(fn, "pointwise", lambda t: (t(4, 16).abs() * 0.5,), getattr(torch, fn))
     add("pow (tensor, scalar)", "pointwise", lambda t: (t(4, 16),), lambda x: torch.pow(x, 3))
     add("pow (tensor, tensor)", "pointwise", lambda t: (t(4, 16).abs(), t(4, 16)), torch.pow)
@@ -161,17 +222,33 @@ def _ops() -> tuple[Op, ...]:
     add("huber_loss", "loss", lambda t: (t(4, 8), t(4, 8)), F.huber_loss)
     add("cross_entropy", "loss", lambda t: (t(4, 8), t.index(8, 4)), F.cross_entropy)
     add("nll_loss", "loss", lambda t: (torch.log_softmax(t(4, 8), -1), t.index(8, 4)), F.nll_loss)
-    add("kl_div", "loss", lambda t: (torch.log_softmax(t(4, 8), -1), t.unit(4, 8)),
-        lambda x, y: F.kl_div(x, y, reduction="batchmean"))
-    add("binary_cross_entropy", "loss", lambda t: (t.unit(4, 8), t.unit(4, 8)),
-        F.binary_cross_entropy)
-    add("binary_cross_entropy_with_logits", "loss", lambda t: (t(4, 8), t.unit(4, 8)),
-        F.binary_cross_entropy_with_logits)
+    add(
+        "kl_div",
+        "loss",
+        lambda t: (torch.log_softmax(t(4, 8), -1), t.unit(4, 8)),
+        lambda x, y: F.kl_div(x, y, reduction="batchmean"),
+    )
+    add(
+        "binary_cross_entropy",
+        "loss",
+        lambda t: (t.unit(4, 8), t.unit(4, 8)),
+        F.binary_cross_entropy,
+    )
+    add(
+        "binary_cross_entropy_with_logits",
+        "loss",
+        lambda t: (t(4, 8), t.unit(4, 8)),
+        F.binary_cross_entropy_with_logits,
+    )
     add("poisson_nll_loss", "loss", lambda t: (t(4, 8), t.unit(4, 8)), F.poisson_nll_loss)
     add("soft_margin_loss", "loss", lambda t: (t(4, 8), t(4, 8).sign()), F.soft_margin_loss)
     add("margin_ranking_loss", "loss", lambda t: (t(8), t(8), t(8).sign()), F.margin_ranking_loss)
-    add("cosine_embedding_loss", "loss", lambda t: (t(4, 8), t(4, 8), t(4).sign()),
-        F.cosine_embedding_loss)
+    add(
+        "cosine_embedding_loss",
+        "loss",
+        lambda t: (t(4, 8), t(4, 8), t(4).sign()),
+        F.cosine_embedding_loss,
+    )
     add("triplet_margin_loss", "loss", lambda t: (t(4, 8), t(4, 8), t(4, 8)), F.triplet_margin_loss)
     # multi-input ops
     add("cat", "multi-input", lambda t: (t(4, 8), t(4, 8)), lambda a, b: torch.cat([a, b]))
@@ -181,14 +258,30 @@ def _ops() -> tuple[Op, ...]:
     add("lerp", "multi-input", lambda t: (t(4, 8), t(4, 8), t.unit(4, 8)), torch.lerp)
     add("where", "multi-input", lambda t: (t(4, 8) > 0, t(4, 8), t(4, 8)), torch.where)
     add("cross", "multi-input", lambda t: (t(4, 3), t(4, 3)), torch.linalg.cross)
-    add("index_put", "multi-input", lambda t: (t(8, 4), t.index(8, 3), t(3, 4)),
-        lambda x, i, v: x.index_put((i,), v))
-    add("index_copy", "multi-input", lambda t: (t(8, 4), torch.arange(3, device=t.dev), t(3, 4)),
-        lambda x, i, v: x.index_copy(0, i, v))
-    add("scatter_add", "multi-input", lambda t: (t(4, 8), t.index(4, 4, 8), t(4, 8)),
-        lambda x, i, v: x.scatter_add(0, i, v))
-    add("grid_sample", "multi-input", lambda t: (t(1, 2, 8, 8), t.unit(1, 4, 4, 2) * 2 - 1),
-        lambda x, g: F.grid_sample(x, g, align_corners=False))
+    add(
+        "index_put",
+        "multi-input",
+        lambda t: (t(8, 4), t.index(8, 3), t(3, 4)),
+        lambda x, i, v: x.index_put((i,), v),
+    )
+    add(
+        "index_copy",
+        "multi-input",
+        lambda t: (t(8, 4), torch.arange(3, device=t.dev), t(3, 4)),
+        lambda x, i, v: x.index_copy(0, i, v),
+    )
+    add(
+        "scatter_add",
+        "multi-input",
+        lambda t: (t(4, 8), t.index(4, 4, 8), t(4, 8)),
+        lambda x, i, v: x.scatter_add(0, i, v),
+    )
+    add(
+        "grid_sample",
+        "multi-input",
+        lambda t: (t(1, 2, 8, 8), t.unit(1, 4, 4, 2) * 2 - 1),
+        lambda x, g: F.grid_sample(x, g, align_corners=False),
+    )
     # linear algebra, spectral and pooling
     add("linalg.inv", "linalg", lambda t: (t.spd(8),), torch.linalg.inv)
     add("linalg.cholesky", "linalg", lambda t: (t.spd(8),), torch.linalg.cholesky)
@@ -199,8 +292,12 @@ def _ops() -> tuple[Op, ...]:
     add("avg_pool2d", "pooling", lambda t: (t(1, 2, 8, 8),), lambda x: F.avg_pool2d(x, 2))
     add("avg_pool3d", "pooling", lambda t: (t(1, 2, 4, 4, 4),), lambda x: F.avg_pool3d(x, 2))
     add("max_pool2d", "pooling", lambda t: (t(1, 2, 8, 8),), lambda x: F.max_pool2d(x, 2))
-    add("interpolate (bilinear)", "pooling", lambda t: (t(1, 2, 4, 4),),
-        lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"))
+    add(
+        "interpolate (bilinear)",
+        "pooling",
+        lambda t: (t(1, 2, 4, 4),),
+        lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    )
     add("embedding", "pooling", lambda t: (t.index(10, 4), t(10, 8)), F.embedding)
     return tuple(ops)
 
@@ -253,7 +350,7 @@ def _call(op: Op, args: tuple, dev: torch.device, dtype: torch.dtype | None) -> 
         try:
             with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None), recorder:
                 out = op.call(*args)
-        except Exception as err:  # an op that raises is a finding, not a failure
+        except Exception as err:  # noqa: BLE001 - an op that raises is a finding, not a failure
             return Run(None, tuple(recorder.casts), _one_line(err))
         finally:
             torch.clear_autocast_cache()
@@ -353,10 +450,14 @@ def probe_op(op: Op, dev: torch.device, dtype: torch.dtype, seed: int = 0) -> Pr
     n = _n_floats(args)
     fp32_in = run(op, _cast_floats(args, [torch.float32] * n), dev, dtype)
     low_in = run(op, _cast_floats(args, [dtype] * n), dev, dtype)
-    mixed_in = (run(op, _cast_floats(args, [dtype] + [torch.float32] * (n - 1)), dev, dtype)
-                if n >= 2 else None)
-    return Probe(op.name, op.family, classify(fp32_in, low_in, mixed_in, dtype),
-                 fp32_in, low_in, mixed_in)
+    mixed_in = (
+        run(op, _cast_floats(args, [dtype] + [torch.float32] * (n - 1)), dev, dtype)
+        if n >= 2
+        else None
+    )
+    return Probe(
+        op.name, op.family, classify(fp32_in, low_in, mixed_in, dtype), fp32_in, low_in, mixed_in
+    )
 
 
 @dataclass(frozen=True)
@@ -389,8 +490,10 @@ class Policy:
 
     @property
     def caption(self) -> str:
-        return (f"autocast({self.device!r}, dtype={_device.dtype_name(self.dtype)}): "
-                f"{len(self.probes)} ops, {self.machine.caption()}")
+        return (
+            f"autocast({self.device!r}, dtype={_device.dtype_name(self.dtype)}): "
+            f"{len(self.probes)} ops, {self.machine.caption()}"
+        )
 
     def table(self, kind: str | None = None) -> Table:
         """The probes as a table grouped by class (or one class only)."""
@@ -398,8 +501,16 @@ class Policy:
         columns = ("op", "family", "class", "float32 in", f"{low} in", "mixed in", "casts", "note")
         order = {k: i for i, k in enumerate(CLASSES)}
         rows = tuple(
-            (p.op, p.family, p.kind, _out(p.fp32_in), _out(p.low_in), _out(p.mixed_in),
-             ", ".join(p.casts), p.note)
+            (
+                p.op,
+                p.family,
+                p.kind,
+                _out(p.fp32_in),
+                _out(p.low_in),
+                _out(p.mixed_in),
+                ", ".join(p.casts),
+                p.note,
+            )
             for p in sorted(self.probes, key=lambda p: order[p.kind])
             if kind is None or p.kind == kind
         )
@@ -425,8 +536,12 @@ def _out(r: Run | None) -> str:
     return "error" if r.error else _device.dtype_name(r.out) if r.out else "-"
 
 
-def probe(dev: torch.device | str | None = None, dtype: torch.dtype | str = torch.bfloat16,
-          ops: Sequence[Op] = CATALOGUE, seed: int = 0) -> Policy:
+def probe(
+    dev: torch.device | str | None = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    ops: Sequence[Op] = CATALOGUE,
+    seed: int = 0,
+) -> Policy:
     """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.device.pick`)."""
     dev = _device.pick() if dev is None else _device.resolve(str(dev))
     dtype = _device.dtype(dtype)
@@ -441,7 +556,11 @@ def differences(a: Policy, b: Policy) -> Table:
     na, nb = _device.dtype_name(a.dtype), _device.dtype_name(b.dtype)
     rows = tuple(
         (pa.op, pa.family, pa.kind, pb.kind, pb.note or pa.note)
-        for pa, pb in zip(a.probes, b.probes) if pa.kind != pb.kind
+        for pa, pb in zip(a.probes, b.probes, strict=True)
+        if pa.kind != pb.kind
     )
-    return Table(("op", "family", na, nb, "note"), rows,
-                 f"ops whose class differs between {na} and {nb} on {a.device}")
+    return Table(
+        ("op", "family", na, nb, "note"),
+        rows,
+        f"ops whose class differs between {na} and {nb} on {a.device}",
+    )

@@ -48,14 +48,16 @@ class Table:
     def __post_init__(self):
         for row in self.rows:
             if len(row) != len(self.columns):
-                raise ValueError(f"row {row!r} has {len(row)} cells for {len(self.columns)} columns")
+                raise ValueError(
+                    f"row {row!r} has {len(row)} cells for {len(self.columns)} columns"
+                )
 
     def column(self, name: str) -> list[Any]:
         i = self.columns.index(name)
         return [row[i] for row in self.rows]
 
     def records(self) -> list[dict[str, Any]]:
-        return [dict(zip(self.columns, row)) for row in self.rows]
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
     def where(self, **match: Any) -> Table:
         """The rows whose named cells equal the given values."""
@@ -68,8 +70,13 @@ class Table:
         widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(self.columns)]
         line = "  ".join("-" * w for w in widths)
         out = [self.caption] if self.caption else []
-        out += ["  ".join(c.ljust(w) for c, w in zip(self.columns, widths)).rstrip(), line]
-        out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in body]
+        out += [
+            "  ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True)).rstrip(),
+            line,
+        ]
+        out += [
+            "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body
+        ]
         out += list(self.notes)
         return "\n".join(out)
 
@@ -99,8 +106,11 @@ class Table:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"caption": self.caption, "notes": list(self.notes),
-             "rows": [{k: _plain(v) for k, v in r.items()} for r in self.records()]},
+            {
+                "caption": self.caption,
+                "notes": list(self.notes),
+                "rows": [{k: _plain(v) for k, v in r.items()} for r in self.records()],
+            },
             indent=2,
         )
 
@@ -113,8 +123,12 @@ class Table:
 
     def render(self, fmt: str) -> str:
         """Render as one of :data:`FORMATS`."""
-        renderers = {"table": self.to_text, "markdown": self.to_markdown,
-                     "json": self.to_json, "csv": self.to_csv}
+        renderers = {
+            "table": self.to_text,
+            "markdown": self.to_markdown,
+            "json": self.to_json,
+            "csv": self.to_csv,
+        }
         if fmt not in renderers:
             raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
         return renderers[fmt]()
@@ -129,5 +143,6 @@ class Table:
 def from_records(records: Sequence[dict[str, Any]], caption: str = "", notes=()) -> Table:
     """A table whose columns are the keys of the first record."""
     columns = tuple(records[0]) if records else ()
-    return Table(columns, tuple(tuple(r[c] for c in columns) for r in records), caption,
-                 tuple(notes))
+    return Table(
+        columns, tuple(tuple(r[c] for c in columns) for r in records), caption, tuple(notes)
+    )

@@ -40,15 +40,21 @@ def test_resolve_rejects_a_cuda_index_past_the_last():
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("torch.float16", torch.float16),
-     ("HALF", torch.float16), ("fp32", torch.float32), (torch.float64, torch.float64)],
+    [
+        ("bf16", torch.bfloat16),
+        ("bfloat16", torch.bfloat16),
+        ("torch.float16", torch.float16),
+        ("HALF", torch.float16),
+        ("fp32", torch.float32),
+        (torch.float64, torch.float64),
+    ],
 )
 def test_dtype_names(name, expected):
     assert device.dtype(name) is expected
 
 
 def test_unknown_dtype_names_the_choices():
-    with pytest.raises(MPGuideError, match="unknown dtype 'int8'; choose one of .*bfloat16"):
+    with pytest.raises(MPGuideError, match=r"unknown dtype 'int8'; choose one of .*bfloat16"):
         device.dtype("int8")
 
 

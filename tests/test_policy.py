@@ -15,9 +15,26 @@ def test_catalogue_covers_the_families():
     names = {op.name for op in policy.CATALOGUE}
     assert len(policy.CATALOGUE) >= 60
     assert len(names) == len(policy.CATALOGUE)
-    for name in ("matmul", "linear", "conv2d", "layer_norm", "rms_norm", "softmax",
-                 "log_softmax", "sum", "prod", "cumsum", "mean", "exp", "log",
-                 "pow (tensor, scalar)", "mse_loss", "cat", "stack", "addcmul"):
+    for name in (
+        "matmul",
+        "linear",
+        "conv2d",
+        "layer_norm",
+        "rms_norm",
+        "softmax",
+        "log_softmax",
+        "sum",
+        "prod",
+        "cumsum",
+        "mean",
+        "exp",
+        "log",
+        "pow (tensor, scalar)",
+        "mse_loss",
+        "cat",
+        "stack",
+        "addcmul",
+    ):
         assert name in names
 
 
@@ -91,8 +108,9 @@ def test_warnings_are_captured_not_raised():
         warnings.warn("careful", UserWarning, stacklevel=1)
         return x
 
-    result = policy.probe(CPU, torch.bfloat16,
-                          ops=[policy.Op("w", "test", lambda t: (t(2),), warns)])
+    result = policy.probe(
+        CPU, torch.bfloat16, ops=[policy.Op("w", "test", lambda t: (t(2),), warns)]
+    )
     assert result["w"].note == "UserWarning: careful"
 
 

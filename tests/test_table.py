@@ -7,8 +7,11 @@ import torch
 
 from mpguide.table import Table, from_records
 
-T = Table(("op", "dtype", "error"), (("mm", torch.bfloat16, 0.5), ("sum|x", torch.float32, None)),
-          "caption here")
+T = Table(
+    ("op", "dtype", "error"),
+    (("mm", torch.bfloat16, 0.5), ("sum|x", torch.float32, None)),
+    "caption here",
+)
 
 
 def test_text_aligns_columns_and_shows_dtype_names():
