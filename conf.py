@@ -127,7 +127,7 @@ napoleon_google_docstring = True
 
 # HTML
 html_theme = "pydata_sphinx_theme"
-html_title = "mpguide: the mixed-precision guide for PyTorch"
+html_title = "mpguide"
 html_static_path = ["docs/_static"]
 html_extra_path = ["docs/_extra"]
 html_css_files = ["mpguide.css"]

@@ -104,3 +104,10 @@ def lint(session: nox.Session) -> None:
     session.run(
         "python", "-m", "ruff", "format", "--check", "--diff", "mpguide", "tests", *session.posargs
     )
+
+
+@nox.session(default=False)
+def record(session: nox.Session) -> None:
+    """Record the guide's GPU measurements into docs/recorded/ (``-- --allow-cpu`` on a CPU)."""
+    _install(session)
+    session.run("python", "-m", "mpguide", "record", *session.posargs)

@@ -525,8 +525,10 @@ class Policy:
         for kind, n in self.counts().items():
             if n:
                 t = self.table(kind)
+                keep = [i for i, c in enumerate(t.columns) if c != "class"]
+                rows = tuple(tuple(r[i] for i in keep) for r in t.rows)
                 parts.append(f"<p><em>{escape(kind)}</em>: {n} ops</p>")
-                parts.append(Table(t.columns, t.rows).to_html())
+                parts.append(Table(tuple(t.columns[i] for i in keep), rows).to_html())
         return "".join(parts)
 
 

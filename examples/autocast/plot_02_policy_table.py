@@ -12,6 +12,8 @@ probe bf16 and fp16 on this build's device and compare them.
 # %%
 # Setup
 # -----
+import textwrap
+
 import torch
 
 from mpguide import device, policy
@@ -28,7 +30,9 @@ device.describe(dev)
 # ``unsupported`` when the op raises on uniform inputs.
 bf16 = policy.probe(dev, torch.bfloat16)
 counts = bf16.counts()
-print(f"{len(bf16.probes)} ops probed: " + ", ".join(f"{k}: {n}" for k, n in counts.items()))
+print(f"{len(bf16.probes)} ops probed")
+for kind, n in counts.items():
+    print(f"  {kind:<16} {n:>3}")
 assert len(bf16.probes) >= 60
 assert sum(counts.values()) == len(bf16.probes)
 
@@ -38,7 +42,7 @@ assert sum(counts.values()) == len(bf16.probes)
 for op in ("matmul", "mm", "bmm", "linear", "conv2d"):
     assert bf16.kind(op) == policy.LOWER, op
     assert "float32->bfloat16" in bf16[op].casts, op
-print("lower precision:", ", ".join(bf16.ops(policy.LOWER)))
+print(textwrap.fill("lower precision: " + ", ".join(bf16.ops(policy.LOWER)), 88))
 
 # %%
 # The full table, grouped by class
@@ -51,8 +55,8 @@ bf16
 # Probing fp16
 # ------------
 fp16 = policy.probe(dev, torch.float16)
-fp16_counts = fp16.counts()
-print(", ".join(f"{k}: {n}" for k, n in fp16_counts.items()))
+for kind, n in fp16.counts().items():
+    print(f"  {kind:<16} {n:>3}")
 assert fp16.kind("matmul") == policy.LOWER
 
 # %%
