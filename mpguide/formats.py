@@ -31,7 +31,11 @@ _ALIASES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "f
 
 
 def _fp8_names() -> tuple[str, ...]:
-    return tuple(n for n in dir(torch) if n.startswith("float8_") and isinstance(getattr(torch, n), torch.dtype))
+    return tuple(
+        n
+        for n in dir(torch)
+        if n.startswith("float8_") and isinstance(getattr(torch, n), torch.dtype)
+    )
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,16 @@ def _from_layout(name: str, dt: torch.dtype | None, exponent: int, mantissa: int
         fi = torch.finfo(dt)
         fmax, normal, signed, finfo_eps = fi.max, fi.smallest_normal, fi.min < 0, fi.eps
     return Format(
-        name=name, dtype=dt, sign_bits=int(signed), exponent_bits=exponent,
-        mantissa_bits=mantissa, max=fmax, smallest_normal=normal,
+        name=name,
+        dtype=dt,
+        sign_bits=int(signed),
+        exponent_bits=exponent,
+        mantissa_bits=mantissa,
+        max=fmax,
+        smallest_normal=normal,
         smallest_subnormal=normal * 2.0**-mantissa if mantissa else None,
-        eps=2.0**-mantissa, finfo_eps=finfo_eps,
+        eps=2.0**-mantissa,
+        finfo_eps=finfo_eps,
     )
 
 
@@ -110,17 +120,38 @@ def table() -> Table:
     """The formats as a :class:`~mpguide.table.Table`; a note names any ``finfo.eps`` that
     disagrees with the format's layout."""
     rows = tuple(
-        (f.name, f.bits, f.sign_bits, f.exponent_bits, f.mantissa_bits, _whole(f.max),
-         f.smallest_normal, f.smallest_subnormal, f.eps, round(f.digits, 2))
+        (
+            f.name,
+            f.bits,
+            f.sign_bits,
+            f.exponent_bits,
+            f.mantissa_bits,
+            _whole(f.max),
+            f.smallest_normal,
+            f.smallest_subnormal,
+            f.eps,
+            round(f.digits, 2),
+        )
         for f in formats()
     )
     notes = tuple(
         f"torch.finfo({f.name}).eps is {f.finfo_eps:g}, but {f.mantissa_bits} mantissa bits "
         f"give eps {f.eps:g}."
-        for f in formats() if f.finfo_eps is not None and f.finfo_eps != f.eps
+        for f in formats()
+        if f.finfo_eps is not None and f.finfo_eps != f.eps
     )
-    columns = ("format", "bits", "sign", "exponent", "mantissa", "max", "smallest normal",
-               "smallest subnormal", "eps", "decimal digits")
+    columns = (
+        "format",
+        "bits",
+        "sign",
+        "exponent",
+        "mantissa",
+        "max",
+        "smallest normal",
+        "smallest subnormal",
+        "eps",
+        "decimal digits",
+    )
     return Table(columns, rows, f"Floating-point formats in torch {torch.__version__}", notes)
 
 

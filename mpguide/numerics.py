@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -39,8 +40,10 @@ class ErrorStats:
     mean: float
 
     def __repr__(self) -> str:
-        return (f"max |error| {self.max_abs:.3g}, max |error| / mean |ref| {self.max_rel:.3g}, "
-                f"RMS {self.rms:.3g}, mean signed {self.mean:.3g}")
+        return (
+            f"max |error| {self.max_abs:.3g}, max |error| / mean |ref| {self.max_rel:.3g}, "
+            f"RMS {self.rms:.3g}, mean signed {self.mean:.3g}"
+        )
 
 
 def errors(approx: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
@@ -53,8 +56,12 @@ def errors(approx: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
     ref = ref.double()
     diff = approx.double() - ref
     max_abs = diff.abs().max().item()
-    return ErrorStats(max_abs=max_abs, max_rel=max_abs / ref.abs().mean().item(),
-                      rms=diff.square().mean().sqrt().item(), mean=diff.mean().item())
+    return ErrorStats(
+        max_abs=max_abs,
+        max_rel=max_abs / ref.abs().mean().item(),
+        rms=diff.square().mean().sqrt().item(),
+        mean=diff.mean().item(),
+    )
 
 
 def _seconds(fn: Callable[[], torch.Tensor], dev: torch.device, repeats: int) -> float:
@@ -110,16 +117,36 @@ class MatmulErrors:
 
     def table(self) -> Table:
         rows = tuple(
-            (r.mode, " x ".join(map(str, r.shape)), r.how, r.stats.max_abs, r.stats.max_rel,
-             r.stats.rms, r.stats.mean, r.seconds, r.tflops)
+            (
+                r.mode,
+                " x ".join(map(str, r.shape)),
+                r.how,
+                r.stats.max_abs,
+                r.stats.max_rel,
+                r.stats.rms,
+                r.stats.mean,
+                r.seconds,
+                r.tflops,
+            )
             for r in self.rows
         )
-        columns = ("mode", "M x K x N", "how", "max |error|", "max |error| / mean |ref|",
-                   "RMS error", "mean error", "seconds", "TFLOP/s")
-        notes = (f"'{EMULATED}': inputs rounded to the format, products accumulated in IEEE "
-                 f"fp32. '{NO_EFFECT}': results bit-identical to the fp32 row. Seconds: median "
-                 f"after warm-up, hardware rows only.",)
-        return Table(columns, rows, self.caption, notes)
+        columns = (
+            "mode",
+            "M x K x N",
+            "how",
+            "max |error|",
+            "max |error| / mean |ref|",
+            "RMS error",
+            "mean error",
+            "seconds",
+            "TFLOP/s",
+        )
+        note = (
+            f"'{EMULATED}': inputs rounded to the format, products accumulated in IEEE fp32. "
+            f"'{NO_EFFECT}': results bit-identical to the fp32 row. Seconds: median after "
+            "warm-up, hardware rows only."
+        )
+        return Table(columns, rows, self.caption, (note,))
 
     def __repr__(self) -> str:
         return self.table().to_text()
@@ -146,8 +173,9 @@ def switch_modes(dev: torch.device) -> tuple[str, ...]:
 
 def _scaled_mm(a: torch.Tensor, b: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
     one = torch.ones((), device=a.device)
-    return torch._scaled_mm(a.to(dt), b.t().contiguous().to(dt).t(), scale_a=one, scale_b=one,
-                            out_dtype=torch.float32)
+    return torch._scaled_mm(
+        a.to(dt), b.t().contiguous().to(dt).t(), scale_a=one, scale_b=one, out_dtype=torch.float32
+    )
 
 
 def _hardware(mode: str, a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor] | None:
@@ -155,27 +183,27 @@ def _hardware(mode: str, a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch
     dev = a.device
     if mode.startswith("fp32_precision="):
         settings = {f"{_BACKENDS[dev.type]}.fp32_precision": mode.split("=", 1)[1]}
-        return lambda: _with(settings, lambda: a @ b)
+        return partial(_matmul, a, b, settings)
     if dev.type != "cuda":
         return None
     if mode == "tf32":
-        return lambda: _with({"cuda.matmul.fp32_precision": "tf32"}, lambda: a @ b)
+        return partial(_matmul, a, b, {"cuda.matmul.fp32_precision": "tf32"})
     fmt = formats.get(mode)
     if fmt.bits == 16:
-        lo_a, lo_b = a.to(fmt.dtype), b.to(fmt.dtype)
-        return lambda: lo_a @ lo_b
+        return partial(torch.matmul, a.to(fmt.dtype), b.to(fmt.dtype))
     if fmt.bits == 8 and torch.cuda.get_device_capability(dev) >= (8, 9):
         try:
             _scaled_mm(a[:16, :16], b[:16, :16], fmt.dtype)
         except RuntimeError:
             return None
-        return lambda: _scaled_mm(a, b, fmt.dtype)
+        return partial(_scaled_mm, a, b, fmt.dtype)
     return None
 
 
-def _with(settings: dict[str, str], fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-    with switches.precision({**switches.inheriting(), **settings}):
-        return fn()
+def _matmul(a: torch.Tensor, b: torch.Tensor, settings: dict[str, str] | None = None):
+    """``a @ b`` in IEEE fp32 with ``settings`` applied on top."""
+    with switches.precision({**switches.inheriting(), **(settings or {})}):
+        return a @ b
 
 
 def matmul_errors(
@@ -205,13 +233,12 @@ def matmul_errors(
         ref = a.double() @ b.double()
         fp32_out = None
         for mode in modes:
-            run = _hardware(mode, a, b) if mode != "fp32" else (lambda: _with({}, lambda: a @ b))
+            run = _hardware(mode, a, b) if mode != "fp32" else partial(_matmul, a, b)
             if emulate and not mode.startswith("fp32"):
                 run = None
             if run is None:
                 fmt = formats.get(mode)
-                ra, rb = fmt.round(a), fmt.round(b)
-                out, how, seconds = _with({}, lambda: ra @ rb), EMULATED, None
+                out, how, seconds = _matmul(fmt.round(a), fmt.round(b)), EMULATED, None
             else:
                 out, how = run(), HARDWARE
                 seconds = _seconds(run, dev, repeats)
@@ -222,3 +249,98 @@ def matmul_errors(
             rows.append(MatmulRow(mode, (m, k, n), how, errors(out, ref), seconds))
     caption = f"matmul errors against float64, {_device.describe(dev).caption()}"
     return MatmulErrors(tuple(rows), caption)
+
+
+def accumulate(a: torch.Tensor, b: torch.Tensor, name: str) -> torch.Tensor:
+    """``a @ b`` for float32 inputs emulated entirely in format ``name``: inputs rounded, then
+    the products summed one ``k`` at a time with every partial sum rounded to the format (a
+    sequential, worst-case order; hardware usually accumulates in fp32)."""
+    fmt = formats.get(name)
+    ra, rb = fmt.round(a), fmt.round(b)
+    acc = torch.zeros(a.shape[0], b.shape[1], device=a.device)
+    for k in range(a.shape[1]):
+        acc = fmt.round(acc + ra[:, k, None] * rb[None, k, :])
+    return acc
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One format and accumulation at one reduction length ``k``."""
+
+    format: str
+    accumulation: str
+    k: int
+    stats: ErrorStats
+
+
+@dataclass(frozen=True)
+class KSweep:
+    """Matmul errors against the reduction length ``K``, per format and accumulation."""
+
+    rows: tuple[SweepRow, ...]
+    caption: str
+
+    def series(self, fmt: str, accumulation: str = "fp32") -> tuple[list[int], list[ErrorStats]]:
+        """The ``K`` values and their error statistics for one format and accumulation."""
+        rows = [r for r in self.rows if r.format == fmt and r.accumulation == accumulation]
+        if not rows:
+            raise MPGuideError(f"no rows for format {fmt!r} accumulated in {accumulation!r}")
+        return [r.k for r in rows], [r.stats for r in rows]
+
+    def curves(self) -> tuple[tuple[str, str], ...]:
+        """Every (format, accumulation) pair, in measuring order."""
+        return tuple(dict.fromkeys((r.format, r.accumulation) for r in self.rows))
+
+    def table(self) -> Table:
+        rows = tuple(
+            (r.format, r.accumulation, r.k, r.stats.max_rel, r.stats.rms) for r in self.rows
+        )
+        return Table(
+            ("inputs", "accumulation", "K", "max |error| / mean |ref|", "RMS error"),
+            rows,
+            self.caption,
+        )
+
+    def __repr__(self) -> str:
+        return self.table().to_text()
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html()
+
+
+def k_sweep(
+    ks: Sequence[int],
+    names: Sequence[str] = ("tf32", "bfloat16", "float16"),
+    accumulate_in: Sequence[str] = ("bfloat16", "float16"),
+    dev: torch.device | str | None = None,
+    *,
+    m: int = 32,
+    n: int = 32,
+    seed: int = 0,
+) -> KSweep:
+    """Errors of an ``m x K`` by ``K x n`` matmul against float64 for each ``K``: fp32, each
+    format of ``names`` emulated with fp32 accumulation, and each of ``accumulate_in``
+    accumulated in its own format (:func:`accumulate`). The inputs of a smaller ``K`` are
+    the first columns (rows) of the largest one's."""
+    dev = _device.pick() if dev is None else torch.device(dev)
+    if not ks or min(ks) < 1:
+        raise MPGuideError(f"reduction lengths must be positive, got {list(ks)}")
+    for name in (*names, *accumulate_in):
+        formats.get(name)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    a_full = torch.randn(m, max(ks), generator=gen, device=dev)
+    b_full = torch.randn(max(ks), n, generator=gen, device=dev)
+    rows = []
+    for k in ks:
+        a, b = a_full[:, :k], b_full[:k]
+        ref = a.double() @ b.double()
+        rows.append(SweepRow("float32", "fp32", k, errors(_matmul(a, b), ref)))
+        for name in names:
+            fmt = formats.get(name)
+            out = _matmul(fmt.round(a), fmt.round(b))
+            rows.append(SweepRow(fmt.name, "fp32", k, errors(out, ref)))
+        for name in accumulate_in:
+            fmt = formats.get(name)
+            rows.append(SweepRow(fmt.name, fmt.name, k, errors(accumulate(a, b, name), ref)))
+    caption = f"errors against K, {_device.describe(dev).caption()}"
+    return KSweep(tuple(rows), caption)

@@ -81,8 +81,10 @@ def _legacy() -> dict[str, Any]:
     """The legacy matmul precision and cuDNN TF32 flag, or :data:`MIXED` where torch refuses to
     read one because the new API set the tree differently."""
     out: dict[str, Any] = {}
-    for key, read in (("legacy.float32_matmul_precision", torch.get_float32_matmul_precision),
-                      ("legacy.cudnn.allow_tf32", lambda: torch.backends.cudnn.allow_tf32)):
+    for key, read in (
+        ("legacy.float32_matmul_precision", torch.get_float32_matmul_precision),
+        ("legacy.cudnn.allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
+    ):
         try:
             out[key] = read()
         except RuntimeError:

@@ -24,8 +24,11 @@ from mpguide.table import Table
 
 MATMUL_PRECISION = "float32_matmul_precision"
 _MATMUL_PRECISIONS = ("highest", "high", "medium")
-LEGACY_READS = ("torch.get_float32_matmul_precision()", "cuda.matmul.allow_tf32",
-                "cudnn.allow_tf32")
+LEGACY_READS = (
+    "torch.get_float32_matmul_precision()",
+    "cuda.matmul.allow_tf32",
+    "cudnn.allow_tf32",
+)
 
 
 def tree() -> dict[str, str]:
@@ -39,8 +42,9 @@ def legacy() -> dict[str, str]:
     out = {}
     for name in LEGACY_READS:
         try:
-            value = (torch.get_float32_matmul_precision() if name == LEGACY_READS[0]
-                     else state.get(name))
+            value = (
+                torch.get_float32_matmul_precision() if name == LEGACY_READS[0] else state.get(name)
+            )
             out[name] = str(value)
         except RuntimeError:
             out[name] = "raises RuntimeError"
@@ -58,8 +62,9 @@ def apply(path: str, value: Any) -> None:
     """Apply one setting, or raise ``MPGuideError`` naming the bad path or value."""
     if path == MATMUL_PRECISION:
         if value not in _MATMUL_PRECISIONS:
-            raise MPGuideError(f"{MATMUL_PRECISION} must be one of "
-                               f"{', '.join(_MATMUL_PRECISIONS)}, got {value!r}")
+            raise MPGuideError(
+                f"{MATMUL_PRECISION} must be one of {', '.join(_MATMUL_PRECISIONS)}, got {value!r}"
+            )
         torch.set_float32_matmul_precision(value)
         return
     if not state.available(path):
@@ -115,8 +120,11 @@ def change(path: str, value: Any) -> Change:
 def changes(settings: Sequence[tuple[str, Any]]) -> Table:
     """One :func:`change` per setting, each from the current state, as a table."""
     rows = tuple(change(p, v).row() for p, v in settings)
-    return Table(("call", "fp32_precision tree: changed", *LEGACY_READS), rows,
-                 f"What each call writes, torch {torch.__version__}")
+    return Table(
+        ("call", "fp32_precision tree: changed", *LEGACY_READS),
+        rows,
+        f"What each call writes, torch {torch.__version__}",
+    )
 
 
 def _probes(dev: torch.device) -> dict[str, Any]:
@@ -149,10 +157,14 @@ class Effect:
         if not self.reproducible:
             return "undetermined: IEEE results differ between two identical runs"
         if not self.changed:
-            return ("no effect on this hardware: " + ", ".join(n for n, _ in self.differences)
-                    + " bit-identical to IEEE fp32")
+            return (
+                "no effect on this hardware: "
+                + ", ".join(n for n, _ in self.differences)
+                + " bit-identical to IEEE fp32"
+            )
         return "changes " + ", ".join(
-            f"{n} (max relative difference {d:.2g})" for n, d in self.differences if d > 0)
+            f"{n} (max relative difference {d:.2g})" for n, d in self.differences if d > 0
+        )
 
     def __repr__(self) -> str:
         call = "; ".join(describe(p, v) for p, v in self.settings)
@@ -160,7 +172,9 @@ class Effect:
 
     def _repr_html_(self) -> str:
         call = "; ".join(describe(p, v) for p, v in self.settings)
-        return f"<p><code>{escape(call)}</code> on {escape(self.device)}: {escape(self.verdict)}</p>"
+        return (
+            f"<p><code>{escape(call)}</code> on {escape(self.device)}: {escape(self.verdict)}</p>"
+        )
 
 
 def effect(settings: Mapping[str, Any], dev: torch.device | str | None = None) -> Effect:

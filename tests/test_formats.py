@@ -17,8 +17,9 @@ def _f32(*patterns: int) -> torch.Tensor:
     return torch.tensor(signed, dtype=torch.int32).view(torch.float32)
 
 
-@pytest.mark.parametrize("fmt", [f for f in formats.formats() if f.dtype is not None],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [f for f in formats.formats() if f.dtype is not None], ids=lambda f: f.name
+)
 def test_rows_agree_with_finfo_and_casts(fmt):
     fi = torch.finfo(fmt.dtype)
     assert fmt.bits == fi.bits
@@ -74,8 +75,7 @@ def test_tf32_rounds_half_to_even():
     # 1 + 2^-11 is halfway between 1 and 1 + 2^-10: the even neighbour (1) wins.
     # 1 + 3 * 2^-11 is halfway between 1 + 2^-10 and 1 + 2^-9: 1 + 2^-9 is even.
     x = _f32(0x3F800000 | 0x1000, 0x3F800000 | 0x3000, 0x3F800000 | 0x1001, 0xBF800000 | 0x1000)
-    assert _bits(formats.round_mantissa(x, 10)) == [0x3F800000, 0x3F804000, 0x3F802000,
-                                                    0xBF800000]
+    assert _bits(formats.round_mantissa(x, 10)) == [0x3F800000, 0x3F804000, 0x3F802000, 0xBF800000]
 
 
 def test_tf32_keeps_inf_and_nan_and_rounds_subnormals():
