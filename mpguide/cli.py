@@ -27,6 +27,12 @@ def _policy(args: argparse.Namespace) -> str:
     return result.table().render(args.format)
 
 
+def _formats(args: argparse.Namespace) -> str:
+    from mpguide import formats
+
+    return formats.table().render(args.format)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line, with one subparser per subcommand."""
     p = _Parser(prog="python -m mpguide", description=__doc__.splitlines()[0])
@@ -39,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bfloat16", help="bfloat16 or float16 (default bfloat16)")
     s.add_argument("--format", default="table", choices=FORMATS)
     s.set_defaults(run=_policy)
+
+    s = sub.add_parser("formats", help="the floating-point formats of the installed torch",
+                       description="Bits, range and precision of fp64, fp32, TF32, bf16, fp16 "
+                       "and the fp8 formats of the installed torch.")
+    s.add_argument("--format", default="table", choices=FORMATS)
+    s.set_defaults(run=_formats)
     return p
 
 
