@@ -45,6 +45,7 @@ def test_formats_as_a_process():
         [sys.executable, "-m", "mpguide", "formats", "--format", "markdown"],
         capture_output=True,
         text=True,
+        check=False,
     )
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("**Floating-point formats in torch")
