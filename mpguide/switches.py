@@ -9,6 +9,7 @@ A setting maps a dotted path under ``torch.backends`` (``"cuda.matmul.fp32_preci
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,36 +96,66 @@ def inheriting() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Change:
-    """What one call did to the tree and to the legacy getters."""
+    """What one call did to the tree, what the legacy getters read afterwards, and the
+    warnings the call and the reads raised."""
 
     call: str
     changed: tuple[tuple[str, str, str], ...]
     legacy: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+
+    def wrote(self, path: str) -> str | None:
+        """The new value of ``path``, or None when the call left it alone."""
+        return next((new for p, _, new in self.changed if p == path), None)
 
     def row(self) -> tuple[str, ...]:
         changed = ", ".join(f"{p}: {a} -> {b}" for p, a, b in self.changed) or "nothing"
-        return (self.call, changed, *(v for _, v in self.legacy))
+        return (self.call, changed, *(v for _, v in self.legacy), "; ".join(self.warnings))
 
 
 def change(path: str, value: Any) -> Change:
     """Apply one setting from the current state, record what changed, and restore."""
-    with state.preserved():
+    with state.preserved(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         before = tree()
         apply(path, value)
         after = tree()
         reads = legacy()
     changed = tuple((p, before[p], after[p]) for p in before if before[p] != after[p])
-    return Change(describe(path, value), changed, tuple(reads.items()))
-
-
-def changes(settings: Sequence[tuple[str, Any]]) -> Table:
-    """One :func:`change` per setting, each from the current state, as a table."""
-    rows = tuple(change(p, v).row() for p, v in settings)
-    return Table(
-        ("call", "fp32_precision tree: changed", *LEGACY_READS),
-        rows,
-        f"What each call writes, torch {torch.__version__}",
+    return Change(
+        describe(path, value), changed, tuple(reads.items()), tuple(str(w.message) for w in caught)
     )
+
+
+@dataclass(frozen=True)
+class Changes:
+    """Several :class:`Change` records, shown as one table."""
+
+    items: tuple[Change, ...]
+
+    def __getitem__(self, call: str) -> Change:
+        for item in self.items:
+            if item.call == call:
+                return item
+        raise KeyError(call)
+
+    def table(self) -> Table:
+        return Table(
+            ("call", "fp32_precision tree: changed", *LEGACY_READS, "warnings"),
+            tuple(item.row() for item in self.items),
+            f"What each call writes, torch {torch.__version__}",
+        )
+
+    def __repr__(self) -> str:
+        return self.table().to_text()
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html()
+
+
+def changes(settings: Sequence[tuple[str, Any]]) -> Changes:
+    """One :func:`change` per setting, each from the current state."""
+    return Changes(tuple(change(p, v) for p, v in settings))
 
 
 def _probes(dev: torch.device) -> dict[str, Any]:

@@ -49,11 +49,28 @@ def test_change_records_what_a_legacy_call_writes():
     assert ("mkldnn.matmul.fp32_precision", "none", "bf16") in ch.changed
     assert dict(ch.legacy)["torch.get_float32_matmul_precision()"] == "medium"
     assert torch.get_float32_matmul_precision() == "highest"
-    tab = switches.changes([("cuda.matmul.allow_tf32", True), ("fp32_precision", "ieee")])
+    assert ch.wrote("mkldnn.matmul.fp32_precision") == "bf16" and ch.wrote("fp32_precision") is None
+    both = switches.changes([("cuda.matmul.allow_tf32", True), ("fp32_precision", "ieee")])
+    assert both["torch.backends.fp32_precision = 'ieee'"].wrote("cuda.matmul.fp32_precision")
+    tab = both.table()
     assert tab.column("call") == [
         "torch.backends.cuda.matmul.allow_tf32 = True",
         "torch.backends.fp32_precision = 'ieee'",
     ]
+
+
+def test_change_records_warnings(monkeypatch):
+    put = state.put
+
+    def warning_put(path, value):
+        warnings.warn(f"setting {path}", UserWarning, stacklevel=2)
+        put(path, value)
+
+    assert switches.change("cudnn.allow_tf32", False).warnings == ()
+    monkeypatch.setattr(state, "put", warning_put)
+    ch = switches.change("cudnn.allow_tf32", False)
+    assert ch.warnings == ("setting cudnn.allow_tf32",)
+    assert ch.wrote("cudnn.conv.fp32_precision") == "none"
 
 
 def _cpu_has_reduced_precision_units() -> bool:
