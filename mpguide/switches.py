@@ -115,16 +115,16 @@ class Change:
 
 def change(path: str, value: Any) -> Change:
     """Apply one setting from the current state, record what changed, and restore."""
-    with state.preserved(), warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        before = tree()
-        apply(path, value)
-        after = tree()
-        reads = legacy()
+        with state.preserved():
+            before = tree()
+            apply(path, value)
+            after = tree()
+            reads = legacy()
+            raised = tuple(str(w.message) for w in caught)
     changed = tuple((p, before[p], after[p]) for p in before if before[p] != after[p])
-    return Change(
-        describe(path, value), changed, tuple(reads.items()), tuple(str(w.message) for w in caught)
-    )
+    return Change(describe(path, value), changed, tuple(reads.items()), raised)
 
 
 @dataclass(frozen=True)
