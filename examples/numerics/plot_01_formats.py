@@ -92,7 +92,7 @@ assert abs(as_bf16[3].item() / values[3].item() - 1) <= bf16.eps / 2
 from_records(
     [
         {"value": v, "float16": h, "bfloat16": b}
-        for v, h, b in zip(values.tolist(), as_fp16.tolist(), as_bf16.tolist())
+        for v, h, b in zip(values.tolist(), as_fp16.tolist(), as_bf16.tolist(), strict=True)
     ],
     caption="fp32 values cast to fp16 and bf16",
 )
@@ -105,7 +105,12 @@ small_steps = torch.tensor([1 + 2.0**-8, 1 + 2.0**-9, 1 + 2.0**-11], device=dev)
 rows = []
 for fmt in (bf16, tf32, fp16):
     rounded = fmt.round(small_steps)
-    rows.append({"format": fmt.name, **{f"1 + 2^{e}": r for e, r in zip((-8, -9, -11), rounded.tolist())}})
+    rows.append(
+        {
+            "format": fmt.name,
+            **{f"1 + 2^{e}": r for e, r in zip((-8, -9, -11), rounded.tolist(), strict=True)},
+        }
+    )
 assert bf16.round(small_steps)[1].item() == 1.0
 assert fp16.round(small_steps)[1].item() == 1 + 2.0**-9 == tf32.round(small_steps)[1].item()
 assert (fp16.round(small_steps)[2] == 1.0).item()
@@ -116,13 +121,16 @@ from_records(rows, caption="1 plus a small step, rounded to each format")
 # ------------------------
 # Below the smallest normal, fp16 keeps going with fewer significant bits (subnormals), then
 # flushes to zero below half the smallest subnormal. bf16 reaches far smaller values.
-tiny = torch.tensor([fp16.smallest_normal, 1e-6, 1e-7, fp16.smallest_subnormal, 1e-8, 1e-30],
-                    device=dev)
+tiny = torch.tensor(
+    [fp16.smallest_normal, 1e-6, 1e-7, fp16.smallest_subnormal, 1e-8, 1e-30], device=dev
+)
 rows = []
-for value, h, b in zip(tiny.tolist(), tiny.to(torch.float16).tolist(),
-                       tiny.to(torch.bfloat16).tolist()):
-    rows.append({"value": value, "float16": h, "fp16 relative error": abs(h - value) / value,
-                 "bfloat16": b})
+for value, h, b in zip(
+    tiny.tolist(), tiny.to(torch.float16).tolist(), tiny.to(torch.bfloat16).tolist(), strict=True
+):
+    rows.append(
+        {"value": value, "float16": h, "fp16 relative error": abs(h - value) / value, "bfloat16": b}
+    )
 assert rows[0]["fp16 relative error"] == 0
 assert rows[1]["fp16 relative error"] < rows[2]["fp16 relative error"]
 assert rows[4]["float16"] == 0 and rows[5]["float16"] == 0 and rows[5]["bfloat16"] > 0
@@ -142,11 +150,13 @@ exact = x.double().sum().item()
 rows = []
 for fmt in (fp32, bf16, fp16):
     in_format = x.to(fmt.dtype)
-    rows.append({
-        "format": fmt.name,
-        "torch.sum": in_format.sum().item(),
-        "one at a time": numerics.accumulate(x, ones, fmt.name).item(),
-    })
+    rows.append(
+        {
+            "format": fmt.name,
+            "torch.sum": in_format.sum().item(),
+            "one at a time": numerics.accumulate(x, ones, fmt.name).item(),
+        }
+    )
 sums = {r["format"]: r for r in rows}
 for name in ("bfloat16", "float16"):
     assert abs(sums[name]["torch.sum"] / exact - 1) < 0.01, name

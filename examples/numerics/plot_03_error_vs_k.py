@@ -53,10 +53,13 @@ for fmt, acc in sweep.curves():
     label = f"{fmt} inputs, {acc} accumulation"
     ax_abs.loglog(ks, rms, style, label=label)
     ax_rel.loglog(ks, rel, style, label=label)
-for ax, anchor in ((ax_abs, sweep.series("bfloat16")[1][0].rms),
-                   (ax_rel, sweep.series("float16", "float16")[1][0].max_rel)):
-    ax.loglog(ks, [anchor * (k / ks[0]) ** 0.5 for k in ks], ":", color="gray",
-              label="sqrt(K) growth")
+for ax, anchor in (
+    (ax_abs, sweep.series("bfloat16")[1][0].rms),
+    (ax_rel, sweep.series("float16", "float16")[1][0].max_rel),
+):
+    ax.loglog(
+        ks, [anchor * (k / ks[0]) ** 0.5 for k in ks], ":", color="gray", label="sqrt(K) growth"
+    )
     ax.set_xlabel("reduction length K")
     ax.grid(True, which="major", alpha=0.3)
 ax_abs.set_ylabel("RMS error")
@@ -70,8 +73,10 @@ plt.show()
 # ----------------
 # The slope of each curve on the log-log plot, fitted by least squares: 0.5 is ``sqrt(K)``.
 for (fmt, acc), (abs_slope, rel_slope) in slopes.items():
-    print(f"{fmt:>9} inputs, {acc:>8} accumulation: RMS error ~ K^{abs_slope:.2f}, "
-          f"relative error ~ K^{rel_slope:.2f}")
+    print(
+        f"{fmt:>9} inputs, {acc:>8} accumulation: RMS error ~ K^{abs_slope:.2f}, "
+        f"relative error ~ K^{rel_slope:.2f}"
+    )
 for (fmt, acc), (abs_slope, rel_slope) in slopes.items():
     if acc == "fp32" and fmt != "float32":
         assert 0.35 < abs_slope < 0.65, (fmt, abs_slope)
