@@ -147,10 +147,10 @@ def table() -> Table:
         "exponent",
         "mantissa",
         "max",
-        "smallest normal",
-        "smallest subnormal",
+        "min normal",
+        "min subnormal",
         "eps",
-        "decimal digits",
+        "digits",
     )
     return Table(columns, rows, f"Floating-point formats in torch {torch.__version__}", notes)
 

@@ -16,7 +16,7 @@ def test_formats_json_matches_finfo(capsys):
     rows = {r["format"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert list(rows) == [f.name for f in formats.formats()]
     assert rows["float16"]["max"] == torch.finfo(torch.float16).max
-    assert rows["bfloat16"]["smallest normal"] == torch.finfo(torch.bfloat16).smallest_normal
+    assert rows["bfloat16"]["min normal"] == torch.finfo(torch.bfloat16).smallest_normal
     assert (rows["tf32"]["exponent"], rows["tf32"]["mantissa"]) == (8, 10)
 
 

@@ -91,7 +91,7 @@ assert torch.isfinite(as_bf16).all()
 assert abs(as_bf16[3].item() / values[3].item() - 1) <= bf16.eps / 2
 from_records(
     [
-        {"value": v, "float16": h, "bfloat16": b}
+        {"value": f"{v:.9g}", "float16": f"{h:.9g}", "bfloat16": f"{b:.9g}"}
         for v, h, b in zip(values.tolist(), as_fp16.tolist(), as_bf16.tolist(), strict=True)
     ],
     caption="fp32 values cast to fp16 and bf16",
@@ -108,7 +108,10 @@ for fmt in (bf16, tf32, fp16):
     rows.append(
         {
             "format": fmt.name,
-            **{f"1 + 2^{e}": r for e, r in zip((-8, -9, -11), rounded.tolist(), strict=True)},
+            **{
+                f"1 + 2^{e}": f"{r:.9g}"
+                for e, r in zip((-8, -9, -11), rounded.tolist(), strict=True)
+            },
         }
     )
 assert bf16.round(small_steps)[1].item() == 1.0
@@ -153,16 +156,17 @@ for fmt in (fp32, bf16, fp16):
     rows.append(
         {
             "format": fmt.name,
-            "torch.sum": in_format.sum().item(),
-            "one at a time": numerics.accumulate(x, ones, fmt.name).item(),
+            "torch.sum": f"{in_format.sum().item():.6f}",
+            "one at a time": f"{numerics.accumulate(x, ones, fmt.name).item():.6f}",
         }
     )
 sums = {r["format"]: r for r in rows}
+got = {(name, how): float(v) for name, r in sums.items() for how, v in r.items() if how != "format"}
 for name in ("bfloat16", "float16"):
-    assert abs(sums[name]["torch.sum"] / exact - 1) < 0.01, name
-assert sums["float16"]["one at a time"] < 0.5 * exact
-assert sums["bfloat16"]["one at a time"] < sums["float16"]["one at a time"]
-assert abs(sums["float32"]["one at a time"] / exact - 1) < 1e-3
+    assert abs(got[name, "torch.sum"] / exact - 1) < 0.01, name
+assert got["float16", "one at a time"] < 0.5 * exact
+assert got["bfloat16", "one at a time"] < got["float16", "one at a time"]
+assert abs(got["float32", "one at a time"] / exact - 1) < 1e-3
 print(f"exact sum of the fp32 inputs: {exact:.6f}")
 from_records(rows, caption=f"sum of {n} copies of 1e-4")
 
