@@ -100,7 +100,9 @@ from_records(
 # %%
 # Precision: bf16 loses ``1 + 2**-9``
 # -----------------------------------
-# bf16 has 7 mantissa bits, fp16 and TF32 have 10: ``1 + 2**-9`` is a bf16 tie and rounds to 1.
+# The gap above 1 is ``2**-7`` in bf16 and ``2**-10`` in fp16 and TF32. Half a gap is a tie,
+# which rounds to the even neighbour, 1: ``1 + 2**-8`` is a bf16 tie and ``1 + 2**-9`` lies
+# below it, while fp16 and TF32 keep both and only drop their own tie, ``1 + 2**-11``.
 small_steps = torch.tensor([1 + 2.0**-8, 1 + 2.0**-9, 1 + 2.0**-11], device=dev)
 rows = []
 for fmt in (bf16, tf32, fp16):
@@ -114,9 +116,11 @@ for fmt in (bf16, tf32, fp16):
             },
         }
     )
-assert bf16.round(small_steps)[1].item() == 1.0
+assert bf16.round(small_steps)[0].item() == bf16.round(small_steps)[1].item() == 1.0
 assert fp16.round(small_steps)[1].item() == 1 + 2.0**-9 == tf32.round(small_steps)[1].item()
 assert (fp16.round(small_steps)[2] == 1.0).item()
+assert fp16.round(small_steps)[0].item() == 1 + 2.0**-8
+assert bf16.eps == 2.0**-7 and fp16.eps == tf32.eps == 2.0**-10
 from_records(rows, caption="1 plus a small step, rounded to each format")
 
 # %%
