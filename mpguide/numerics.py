@@ -121,8 +121,8 @@ class MatmulErrors:
                 r.mode,
                 " x ".join(map(str, r.shape)),
                 r.how,
-                r.stats.max_abs,
                 r.stats.max_rel,
+                r.stats.max_abs,
                 r.stats.rms,
                 r.stats.mean,
                 r.seconds,
@@ -134,10 +134,10 @@ class MatmulErrors:
             "mode",
             "M x K x N",
             "how",
-            "max |error|",
-            "max |error| / mean |ref|",
-            "RMS error",
-            "mean error",
+            "max err / mean |ref|",
+            "max |err|",
+            "RMS err",
+            "mean err",
             "seconds",
             "TFLOP/s",
         )
@@ -292,14 +292,13 @@ class KSweep:
         return tuple(dict.fromkeys((r.format, r.accumulation) for r in self.rows))
 
     def table(self) -> Table:
-        rows = tuple(
-            (r.format, r.accumulation, r.k, r.stats.max_rel, r.stats.rms) for r in self.rows
-        )
-        return Table(
-            ("inputs", "accumulation", "K", "max |error| / mean |ref|", "RMS error"),
-            rows,
-            self.caption,
-        )
+        """Max error over mean ``|ref|``: one row per ``K``, one column per curve."""
+        curves = self.curves()
+        by_key = {(r.format, r.accumulation, r.k): r.stats.max_rel for r in self.rows}
+        ks = dict.fromkeys(r.k for r in self.rows)
+        rows = tuple((k, *(by_key[f, a, k] for f, a in curves)) for k in ks)
+        columns = ("K", *(f"{f}, {a} acc." for f, a in curves))
+        return Table(columns, rows, f"max error / mean |ref|: {self.caption}")
 
     def __repr__(self) -> str:
         return self.table().to_text()

@@ -34,8 +34,8 @@ sweep
 # %%
 # Log-log plot
 # ------------
-# Left: RMS error, absolute. Right: max error relative to the mean ``|result|``. The dashed
-# lines grow like ``sqrt(K)``.
+# Left: RMS error, absolute. Right: max error relative to the mean ``|result|``. The dotted
+# gray lines grow like ``sqrt(K)``. TF32 (hollow diamonds) lies under fp16: same mantissa.
 
 
 def slope(values):
@@ -43,28 +43,34 @@ def slope(values):
     return float(np.polyfit(np.log(ks), np.log(values), 1)[0])
 
 
-fig, (ax_abs, ax_rel) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
+fig, (ax_abs, ax_rel) = plt.subplots(1, 2, figsize=(11, 5.5), layout="constrained")
+markers = {"float32": "o", "tf32": "D", "bfloat16": "s", "float16": "^"}
 slopes = {}
 for fmt, acc in sweep.curves():
     _, stats = sweep.series(fmt, acc)
     rms, rel = [s.rms for s in stats], [s.max_rel for s in stats]
     slopes[fmt, acc] = (slope(rms), slope(rel))
-    style = "-o" if acc == "fp32" else "--s"
-    label = f"{fmt} inputs, {acc} accumulation"
-    ax_abs.loglog(ks, rms, style, label=label)
-    ax_rel.loglog(ks, rel, style, label=label)
-for ax, anchor in (
-    (ax_abs, sweep.series("bfloat16")[1][0].rms),
+    style = {
+        "linestyle": "-" if acc == "fp32" else "--",
+        "marker": markers[fmt],
+        "markersize": 9 if fmt == "tf32" else 6,
+        "markerfacecolor": "none" if fmt == "tf32" else None,
+        "label": f"{fmt} inputs, {acc} accumulation",
+    }
+    ax_abs.loglog(ks, rms, **style)
+    ax_rel.loglog(ks, rel, **style)
+anchors = (
+    (ax_abs, 10 * sweep.series("float32")[1][0].rms),
     (ax_rel, sweep.series("float16", "float16")[1][0].max_rel),
-):
-    ax.loglog(
-        ks, [anchor * (k / ks[0]) ** 0.5 for k in ks], ":", color="gray", label="sqrt(K) growth"
-    )
+)
+for ax, anchor in anchors:
+    growth = [anchor * (k / ks[0]) ** 0.5 for k in ks]
+    ax.loglog(ks, growth, ":", color="gray", label="sqrt(K) growth" if ax is ax_abs else None)
     ax.set_xlabel("reduction length K")
     ax.grid(True, which="major", alpha=0.3)
 ax_abs.set_ylabel("RMS error")
 ax_rel.set_ylabel("max |error| / mean |result|")
-ax_rel.legend(fontsize=8, loc="upper left")
+fig.legend(*ax_abs.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=9)
 fig.suptitle(sweep.caption)
 plt.show()
 
