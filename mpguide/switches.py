@@ -108,10 +108,6 @@ class Change:
         """The new value of ``path``, or None when the call left it alone."""
         return next((new for p, _, new in self.changed if p == path), None)
 
-    def row(self) -> tuple[str, ...]:
-        changed = ", ".join(f"{p}: {a} -> {b}" for p, a, b in self.changed) or "nothing"
-        return (self.call, changed, *(v for _, v in self.legacy), "; ".join(self.warnings))
-
 
 def change(path: str, value: Any) -> Change:
     """Apply one setting from the current state, record what changed, and restore."""
@@ -129,7 +125,8 @@ def change(path: str, value: Any) -> Change:
 
 @dataclass(frozen=True)
 class Changes:
-    """Several :class:`Change` records, shown as one table."""
+    """Several :class:`Change` records, shown as two tables: what each call wrote into the
+    tree, and what the legacy getters read afterwards."""
 
     items: tuple[Change, ...]
 
@@ -139,18 +136,36 @@ class Changes:
                 return item
         raise KeyError(call)
 
-    def table(self) -> Table:
+    def writes(self) -> Table:
+        """One row per switch a call changed (a call that changed nothing gets one row)."""
+        rows = tuple(
+            (item.call, *change)
+            for item in self.items
+            for change in (item.changed or (("nothing", "", ""),))
+        )
         return Table(
-            ("call", "fp32_precision tree: changed", *LEGACY_READS, "warnings"),
-            tuple(item.row() for item in self.items),
-            f"What each call writes, torch {torch.__version__}",
+            ("call", "switch", "before", "after"),
+            rows,
+            f"What each call writes into the fp32_precision tree, torch {torch.__version__}",
+        )
+
+    def reads(self) -> Table:
+        """What the legacy getters read after each call, and the warnings raised."""
+        rows = tuple(
+            (item.call, *(v for _, v in item.legacy), "; ".join(item.warnings) or "none")
+            for item in self.items
+        )
+        return Table(
+            ("call", *LEGACY_READS, "warnings"),
+            rows,
+            f"The legacy getters after each call, torch {torch.__version__}",
         )
 
     def __repr__(self) -> str:
-        return self.table().to_text()
+        return f"{self.writes().to_text()}\n\n{self.reads().to_text()}"
 
     def _repr_html_(self) -> str:
-        return self.table().to_html()
+        return self.writes().to_html() + self.reads().to_html()
 
 
 def changes(settings: Sequence[tuple[str, Any]]) -> Changes:
