@@ -13,6 +13,8 @@ wrote, and check on this build's device whether a setting changes any result at 
 # %%
 # Setup
 # -----
+import textwrap
+
 import torch
 
 from mpguide import MPGuideError, device, state, switches
@@ -109,7 +111,7 @@ with switches.precision({"cuda.matmul.fp32_precision": "tf32"}):
     else:
         raise AssertionError("reading the legacy flag after the new API should raise")
 assert "mix of the legacy and new APIs" in message
-print(message)
+print(textwrap.fill(message, 88))
 
 # %%
 # Legacy first, then the new API, agrees: the legacy call left matching values behind.
