@@ -123,6 +123,10 @@ def change(path: str, value: Any) -> Change:
     return Change(describe(path, value), changed, tuple(reads.items()), raised)
 
 
+def _short(call: str) -> str:
+    return call.removeprefix("torch.backends.").removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class Changes:
     """Several :class:`Change` records, shown as two tables: what each call wrote into the
@@ -139,20 +143,20 @@ class Changes:
     def writes(self) -> Table:
         """One row per switch a call changed (a call that changed nothing gets one row)."""
         rows = tuple(
-            (item.call, *change)
+            (_short(item.call), path, f"{before} -> {after}" if before else "")
             for item in self.items
-            for change in (item.changed or (("nothing", "", ""),))
+            for path, before, after in (item.changed or (("nothing", "", ""),))
         )
         return Table(
-            ("call", "switch", "before", "after"),
+            ("call", "switch", "change"),
             rows,
-            f"What each call writes into the fp32_precision tree, torch {torch.__version__}",
+            f"What each call writes into torch.backends, torch {torch.__version__}",
         )
 
     def reads(self) -> Table:
         """What the legacy getters read after each call, and the warnings raised."""
         rows = tuple(
-            (item.call, *(v for _, v in item.legacy), "; ".join(item.warnings) or "none")
+            (_short(item.call), *(v for _, v in item.legacy), "; ".join(item.warnings) or "none")
             for item in self.items
         )
         return Table(

@@ -52,12 +52,16 @@ def test_change_records_what_a_legacy_call_writes():
     assert ch.wrote("mkldnn.matmul.fp32_precision") == "bf16" and ch.wrote("fp32_precision") is None
     both = switches.changes([("cuda.matmul.allow_tf32", True), ("fp32_precision", "ieee")])
     assert both["torch.backends.fp32_precision = 'ieee'"].wrote("cuda.matmul.fp32_precision")
-    assert both.writes().column("switch")[0] == "cuda.matmul.fp32_precision"
+    assert both.writes().records()[0] == {
+        "call": "cuda.matmul.allow_tf32 = True",
+        "switch": "cuda.matmul.fp32_precision",
+        "change": "none -> tf32",
+    }
     assert both.reads().column("warnings") == ["none", "none"]
     tab = both.reads()
     assert tab.column("call") == [
-        "torch.backends.cuda.matmul.allow_tf32 = True",
-        "torch.backends.fp32_precision = 'ieee'",
+        "cuda.matmul.allow_tf32 = True",
+        "fp32_precision = 'ieee'",
     ]
 
 
