@@ -203,6 +203,11 @@ class Effect:
         return tuple(name for name, diff in self.differences if diff > 0)
 
     @property
+    def call(self) -> str:
+        """The statements that applied the settings."""
+        return "; ".join(describe(p, v) for p, v in self.settings)
+
+    @property
     def verdict(self) -> str:
         if not self.reproducible:
             return "undetermined: IEEE results differ between two identical runs"
@@ -217,14 +222,10 @@ class Effect:
         )
 
     def __repr__(self) -> str:
-        call = "; ".join(describe(p, v) for p, v in self.settings)
-        return f"{call} on {self.device}: {self.verdict}"
+        return f"{self.call} on {self.device}: {self.verdict}"
 
     def _repr_html_(self) -> str:
-        call = "; ".join(describe(p, v) for p, v in self.settings)
-        return (
-            f"<p><code>{escape(call)}</code> on {escape(self.device)}: {escape(self.verdict)}</p>"
-        )
+        return f"<p><code>{escape(self.call)}</code> on {escape(self.device)}: {escape(self.verdict)}</p>"
 
 
 def effect(settings: Mapping[str, Any], dev: torch.device | str | None = None) -> Effect:

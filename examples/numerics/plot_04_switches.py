@@ -126,14 +126,27 @@ print("set_float32_matmul_precision('high') then cuda.matmul.fp32_precision = 't
 # Setting a parent rewrites the children that inherited from it, and leaves alone a child
 # set on its own. So after ``cudnn.allow_tf32 = False`` (which wrote ``none``), setting the
 # root to TF32 turns cuDNN convolutions back to TF32.
-with switches.precision({"mkldnn.matmul.fp32_precision": "ieee"}):
-    kept = switches.change("fp32_precision", "tf32")
-with switches.precision({"cudnn.allow_tf32": False}):
-    back = switches.change("fp32_precision", "tf32")
-assert kept.wrote("mkldnn.matmul.fp32_precision") is None
-assert kept.wrote("mkldnn.conv.fp32_precision") == "tf32"
-assert back.wrote("cudnn.conv.fp32_precision") == "tf32"
-switches.Changes((kept, back))
+leaves = (
+    "mkldnn.matmul.fp32_precision",
+    "mkldnn.conv.fp32_precision",
+    "cudnn.conv.fp32_precision",
+)
+rows = []
+for path, value in (("mkldnn.matmul.fp32_precision", "ieee"), ("cudnn.allow_tf32", False)):
+    with switches.precision({path: value}):
+        before = switches.tree()
+        with switches.precision({"fp32_precision": "tf32"}):
+            after = switches.tree()
+    changes = (f"{before[p]} -> {after[p]}" for p in leaves)
+    rows.append((switches.describe(path, value), *changes))
+own, cudnn_off = rows
+assert own[1] == "ieee -> ieee" and own[2] == "none -> tf32"
+assert cudnn_off[3] == "none -> tf32"
+Table(
+    ("first call", *(p.removesuffix(".fp32_precision") for p in leaves)),
+    tuple(rows),
+    "Leaves before and after torch.backends.fp32_precision = 'tf32'",
+)
 
 # %%
 # CUDA has no bf16 mode for fp32 matmuls: the setter refuses it.
@@ -170,12 +183,9 @@ print(
     f"on {dev.type}"
 )
 Table(
-    ("setting", "device", "verdict"),
-    tuple(
-        ("; ".join(switches.describe(p, v) for p, v in e.settings), e.device, e.verdict)
-        for e in effects
-    ),
-    "Switches against IEEE fp32, bit for bit",
+    ("setting", "verdict"),
+    tuple((e.call, e.verdict) for e in effects),
+    f"Switches against IEEE fp32, bit for bit, on {dev.type}",
 )
 
 # %%
