@@ -171,38 +171,47 @@ def switch_modes(dev: torch.device) -> tuple[str, ...]:
     return tuple(accepted)
 
 
-def _scaled_mm(a: torch.Tensor, b: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
-    one = torch.ones((), device=a.device)
-    return torch._scaled_mm(
-        a.to(dt), b.t().contiguous().to(dt).t(), scale_a=one, scale_b=one, out_dtype=torch.float32
-    )
+def _scaled_mm(a8: torch.Tensor, b8: torch.Tensor) -> torch.Tensor:
+    one = torch.ones((), device=a8.device)
+    return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.float32)
 
 
-def _hardware(mode: str, a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor] | None:
-    """The hardware path of ``mode`` on ``a``'s device, or None where this chapter emulates it."""
+def _fp8_operands(a: torch.Tensor, b: torch.Tensor, dt: torch.dtype):
+    """``a`` row-major and ``b`` column-major in fp8, as :func:`torch._scaled_mm` wants."""
+    return a.to(dt), b.t().contiguous().to(dt).t()
+
+
+Run = tuple[dict[str, str], Callable[[], torch.Tensor]]
+
+
+def _hardware(mode: str, a: torch.Tensor, b: torch.Tensor) -> Run | None:
+    """The switch settings and the call of ``mode``'s hardware path on ``a``'s device, or None
+    where this chapter emulates it."""
     dev = a.device
+    if mode == "fp32":
+        return {}, partial(torch.matmul, a, b)
     if mode.startswith("fp32_precision="):
         settings = {f"{_BACKENDS[dev.type]}.fp32_precision": mode.split("=", 1)[1]}
-        return partial(_matmul, a, b, settings)
+        return settings, partial(torch.matmul, a, b)
     if dev.type != "cuda":
         return None
     if mode == "tf32":
-        return partial(_matmul, a, b, {"cuda.matmul.fp32_precision": "tf32"})
+        return {"cuda.matmul.fp32_precision": "tf32"}, partial(torch.matmul, a, b)
     fmt = formats.get(mode)
     if fmt.bits == 16:
-        return partial(torch.matmul, a.to(fmt.dtype), b.to(fmt.dtype))
+        return {}, partial(torch.matmul, a.to(fmt.dtype), b.to(fmt.dtype))
     if fmt.bits == 8 and torch.cuda.get_device_capability(dev) >= (8, 9):
         try:
-            _scaled_mm(a[:16, :16], b[:16, :16], fmt.dtype)
+            _scaled_mm(*_fp8_operands(a[:16, :16], b[:16, :16], fmt.dtype))
         except RuntimeError:
             return None
-        return partial(_scaled_mm, a, b, fmt.dtype)
+        return {}, partial(_scaled_mm, *_fp8_operands(a, b, fmt.dtype))
     return None
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, settings: dict[str, str] | None = None):
-    """``a @ b`` in IEEE fp32 with ``settings`` applied on top."""
-    with switches.precision({**switches.inheriting(), **(settings or {})}):
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` in IEEE fp32."""
+    with switches.precision(switches.inheriting()):
         return a @ b
 
 
@@ -217,14 +226,15 @@ def matmul_errors(
 ) -> MatmulErrors:
     """Errors of ``a @ b`` (shape ``M x K`` times ``K x N``) for each shape and mode against
     float64; ``fp32`` is always measured, and the switch modes of :func:`switch_modes` are
-    added. ``emulate=True`` emulates every low-precision format, even where hardware could run
-    it."""
+    added (on CUDA, ``tf32`` is the switch itself). ``emulate=True`` emulates every
+    low-precision format, even where hardware could run it."""
     dev = _device.pick() if dev is None else torch.device(dev)
     for mode in modes:
         if mode != "fp32" and not mode.startswith("fp32_precision="):
             formats.get(mode)
     modes = ("fp32", *(m for m in modes if m != "fp32"))
-    modes += tuple(m for m in switch_modes(dev) if m not in modes)
+    covered = {"fp32_precision=tf32"} if dev.type == "cuda" and "tf32" in modes else set()
+    modes += tuple(m for m in switch_modes(dev) if m not in modes and m not in covered)
     gen = torch.Generator(device=dev).manual_seed(seed)
     rows = []
     for m, k, n in shapes:
@@ -233,15 +243,15 @@ def matmul_errors(
         ref = a.double() @ b.double()
         fp32_out = None
         for mode in modes:
-            run = _hardware(mode, a, b) if mode != "fp32" else partial(_matmul, a, b)
-            if emulate and not mode.startswith("fp32"):
-                run = None
+            run = None if emulate and not mode.startswith("fp32") else _hardware(mode, a, b)
             if run is None:
                 fmt = formats.get(mode)
                 out, how, seconds = _matmul(fmt.round(a), fmt.round(b)), EMULATED, None
             else:
-                out, how = run(), HARDWARE
-                seconds = _seconds(run, dev, repeats)
+                settings, call = run
+                with switches.precision({**switches.inheriting(), **settings}):
+                    out, how = call(), HARDWARE
+                    seconds = _seconds(call, dev, repeats)
             if mode == "fp32":
                 fp32_out = out
             elif how == HARDWARE and out.dtype == fp32_out.dtype and torch.equal(out, fp32_out):
