@@ -45,6 +45,12 @@ def _record(args: argparse.Namespace) -> str:
     return f"wrote {record.save(rec, out)}"
 
 
+def _formats(args: argparse.Namespace) -> str:
+    from mpguide import formats
+
+    return formats.table().render(args.format)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line, with one subparser per subcommand."""
     p = _Parser(prog="python -m mpguide", description=__doc__.splitlines()[0])
@@ -71,6 +77,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="the device to record (default: cuda when present)")
     s.add_argument("--allow-cpu", action="store_true", help="record on a CPU")
     s.set_defaults(run=_record)
+
+    s = sub.add_parser(
+        "formats",
+        help="the floating-point formats of the installed torch",
+        description="Bits, range and precision of fp64, fp32, TF32, bf16, fp16 "
+        "and the fp8 formats of the installed torch.",
+    )
+    s.add_argument("--format", default="table", choices=FORMATS)
+    s.set_defaults(run=_formats)
     return p
 
 

@@ -29,6 +29,8 @@ PRECISION_SWITCHES = (
     "mkldnn.rnn.fp32_precision",
 )
 LEGACY_SWITCHES = ("cuda.matmul.allow_tf32", "cudnn.allow_tf32")
+# Set by the legacy calls and kept beside the tree; torch reads it back only when it agrees.
+MIXED = "mixed legacy and new API"
 REDUCTION_SWITCHES = (
     "cuda.matmul.allow_bf16_reduced_precision_reduction",
     "cuda.matmul.allow_fp16_reduced_precision_reduction",
@@ -75,9 +77,25 @@ def _inductor_config():
     return torch._inductor.config
 
 
+def _legacy() -> dict[str, Any]:
+    """The legacy matmul precision and cuDNN TF32 flag, or :data:`MIXED` where torch refuses to
+    read one because the new API set the tree differently."""
+    out: dict[str, Any] = {}
+    for key, read in (
+        ("legacy.float32_matmul_precision", torch.get_float32_matmul_precision),
+        ("legacy.cudnn.allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
+    ):
+        try:
+            out[key] = read()
+        except RuntimeError:
+            out[key] = MIXED
+    return out
+
+
 def snapshot() -> dict[str, Any]:
     """Every switch this module knows, as a plain dict."""
-    snap: dict[str, Any] = {f"backends.{p}": get(p) for p in _backend_switches()}
+    snap: dict[str, Any] = _legacy()
+    snap.update({f"backends.{p}": get(p) for p in _backend_switches()})
     snap["default_dtype"] = torch.get_default_dtype()
     snap["deterministic"] = torch.are_deterministic_algorithms_enabled()
     snap["future.overwrite_module_params_on_conversion"] = (
@@ -91,7 +109,14 @@ def snapshot() -> dict[str, Any]:
 
 
 def restore(snap: dict[str, Any]) -> None:
-    """Put every switch back as ``snap`` recorded it."""
+    """Put every switch back as ``snap`` recorded it.
+
+    The legacy values go first (they also write parts of the tree), then the tree itself.
+    """
+    if snap.get("legacy.float32_matmul_precision", MIXED) != MIXED:
+        torch.set_float32_matmul_precision(snap["legacy.float32_matmul_precision"])
+    if snap.get("legacy.cudnn.allow_tf32", MIXED) != MIXED:
+        torch.backends.cudnn.allow_tf32 = snap["legacy.cudnn.allow_tf32"]
     for key, value in snap.items():
         if key.startswith("backends."):
             put(key.removeprefix("backends."), value)

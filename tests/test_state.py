@@ -51,3 +51,23 @@ def test_get_and_put_by_path():
         state.put("cuda.matmul.fp32_precision", "tf32")
         assert state.get("cuda.matmul.fp32_precision") == "tf32"
     assert not state.available("no.such.switch")
+
+
+def test_restore_brings_back_the_legacy_values_kept_beside_the_tree():
+    before = state.snapshot()
+    assert before["legacy.float32_matmul_precision"] == "highest"
+    with state.preserved():
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cudnn.allow_tf32 = False
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert torch.backends.cudnn.allow_tf32 is True
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert state.snapshot() == before
+
+
+def test_a_mixed_state_is_recorded_not_raised():
+    with state.preserved():
+        torch.backends.fp32_precision = "tf32"
+        snap = state.snapshot()
+    assert snap["legacy.float32_matmul_precision"] == state.MIXED
+    assert torch.get_float32_matmul_precision() == "highest"
