@@ -1,0 +1,485 @@
+"""The autograd graph with the dtypes it recorded, a dispatch-mode dtype logger, master weights.
+
+- :func:`grad_graph` walks ``grad_fn`` from a tensor and gives the autograd graph as a tree:
+  each node with the metadata autograd recorded for the gradients it receives (dtype, shape,
+  device), and the parameters behind ``AccumulateGrad`` leaves named.
+- :class:`DtypeLog` is a ``TorchDispatchMode`` that records every ATen op run while it is
+  active, in forward and in backward, with input and output dtypes and shapes, and marks the
+  casts::
+
+      with DtypeLog(model) as log:
+          model(x).sum().backward()
+      log.casts("backward")
+
+  An op runs in the ``backward`` phase when the autograd engine runs it (inside a node's
+  backward); every other op takes the current label, ``forward`` unless set with
+  :meth:`DtypeLog.phase`. The ``ones_like`` seed that ``backward()`` makes before the engine
+  starts is such an op.
+- :func:`train` fits a tiny regression with float32, bfloat16, or bfloat16 weights updated
+  through a float32 master copy, and records the loss and the updates bf16 could not hold.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from mpguide import MPGuideError
+from mpguide import device as _device
+from mpguide.table import Table
+
+FORWARD, BACKWARD = "forward", "backward"
+# The ops that convert dtype, and which argument is the source (the output is the target).
+CAST_SOURCES = {"aten._to_copy.default": 0, "aten.copy_.default": 1, "aten.copy.default": 1}
+
+Params = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A tensor's dtype, shape and device."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    device: str
+
+    @classmethod
+    def of(cls, t: Any) -> Meta:
+        """From a tensor, or from autograd's recorded input metadata."""
+        return cls(t.dtype, tuple(int(s) for s in t.shape), str(t.device))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{_device.dtype_name(self.dtype)}[{', '.join(map(str, self.shape))}]"
+
+
+def _names(params: Params | None) -> dict[int, str]:
+    if params is None:
+        return {}
+    if isinstance(params, torch.nn.Module):
+        params = params.named_parameters()
+    elif isinstance(params, Mapping):
+        params = params.items()
+    return {id(t): name for name, t in params}
+
+
+def _leaf_name(node: Any, names: dict[int, str]) -> str | None:
+    """The parameter behind an ``AccumulateGrad`` node (``None`` for other nodes)."""
+    var = getattr(node, "variable", None)
+    if var is None:
+        return None
+    return names.get(id(var), "(unnamed leaf)")
+
+
+# ---------------------------------------------------------------------------------------------
+# grad_graph
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradNode:
+    """One autograd node: its name, the gradient metadata it records, the nodes it feeds.
+
+    ``grad_in`` is what autograd checks and casts incoming gradients against: the metadata of
+    the forward outputs the node belongs to. ``param`` names the parameter of an
+    ``AccumulateGrad`` node. ``repeat`` marks a node shown before (the graph is a DAG).
+    """
+
+    name: str
+    grad_in: tuple[Meta, ...]
+    param: str | None = None
+    children: tuple[GradNode, ...] = ()
+    repeat: bool = False
+
+    def label(self) -> str:
+        grads = ", ".join(str(m) for m in self.grad_in)
+        text = f"{self.name}  grad in: {grads}" if grads else self.name
+        if self.param is not None:
+            text += f"  <- {self.param}"
+        return text + ("  (shown above)" if self.repeat else "")
+
+
+@dataclass(frozen=True)
+class GradGraph:
+    """The autograd graph behind a tensor, as a tree from its ``grad_fn``."""
+
+    root: GradNode
+
+    def nodes(self) -> list[GradNode]:
+        """Every node once, depth first from the root."""
+        out: list[GradNode] = []
+
+        def visit(n: GradNode) -> None:
+            if not n.repeat:
+                out.append(n)
+                for c in n.children:
+                    visit(c)
+
+        visit(self.root)
+        return out
+
+    def find(self, name: str) -> list[GradNode]:
+        """The nodes whose name ends with ``name`` (``AccumulateGrad`` matches the C++ name)."""
+        return [n for n in self.nodes() if n.name.endswith(name)]
+
+    def param(self, name: str) -> GradNode:
+        """The ``AccumulateGrad`` node of one named parameter."""
+        for n in self.nodes():
+            if n.param == name:
+                return n
+        raise KeyError(name)
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+
+        def visit(n: GradNode, prefix: str, last: bool, top: bool) -> None:
+            out.append(n.label() if top else f"{prefix}{'└─ ' if last else '├─ '}{n.label()}")
+            inner = "" if top else prefix + ("   " if last else "│  ")
+            for i, c in enumerate(n.children):
+                visit(c, inner, i == len(n.children) - 1, False)
+
+        visit(self.root, "", True, True)
+        return out
+
+    def table(self) -> Table:
+        """One row per node (repeats included), indented by depth."""
+        rows: list[tuple[Any, ...]] = []
+
+        def visit(n: GradNode, depth: int) -> None:
+            rows.append(
+                (
+                    "  " * depth + n.name,
+                    ", ".join(_device.dtype_name(m.dtype) for m in n.grad_in),
+                    ", ".join(str(list(m.shape)) for m in n.grad_in),
+                    ", ".join(m.device for m in n.grad_in),
+                    n.param or "",
+                )
+            )
+            for c in n.children:
+                visit(c, depth + 1)
+
+        visit(self.root, 0)
+        return Table(
+            ("node", "grad dtype", "grad shape", "device", "parameter"),
+            tuple(rows),
+            f"autograd graph, torch {torch.__version__}",
+        )
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        return f'<pre class="mpguide-tree">{escape(repr(self))}</pre>'
+
+
+def grad_graph(output: torch.Tensor, params: Params | None = None) -> GradGraph:
+    """Walk ``output.grad_fn`` and give the autograd graph as a tree.
+
+    ``params`` (a module, a name->tensor mapping or ``named_parameters()``) names the leaves.
+    """
+    if not isinstance(output, torch.Tensor):
+        raise MPGuideError(f"grad_graph takes a tensor, not {type(output).__name__}")
+    if output.grad_fn is None:
+        raise MPGuideError(
+            "the tensor has no grad_fn: it is a leaf or was computed without autograd"
+        )
+    names = _names(params)
+    seen: set[int] = set()
+
+    def build(node: Any) -> GradNode:
+        grad_in = tuple(Meta.of(m) for m in getattr(node, "_input_metadata", ()))
+        if id(node) in seen:
+            return GradNode(node.name(), grad_in, _leaf_name(node, names), repeat=True)
+        seen.add(id(node))
+        children = tuple(build(n) for n, _ in node.next_functions if n is not None)
+        return GradNode(node.name(), grad_in, _leaf_name(node, names), children)
+
+    return GradGraph(build(output.grad_fn))
+
+
+# ---------------------------------------------------------------------------------------------
+# DtypeLog
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One ATen op as the logger saw it."""
+
+    phase: str
+    op: str
+    inputs: tuple[Meta, ...]
+    outputs: tuple[Meta, ...]
+    node: str = ""
+    param: str = ""
+
+    @property
+    def source(self) -> Meta | None:
+        """The converted tensor, for a cast op."""
+        i = CAST_SOURCES.get(self.op)
+        return self.inputs[i] if i is not None and len(self.inputs) > i else None
+
+    @property
+    def is_cast(self) -> bool:
+        """A conversion between two floating dtypes."""
+        src = self.source
+        return (
+            src is not None
+            and bool(self.outputs)
+            and src.dtype != self.outputs[0].dtype
+            and src.dtype.is_floating_point
+            and self.outputs[0].dtype.is_floating_point
+        )
+
+    @property
+    def cast(self) -> str:
+        """``float32->bfloat16`` for a cast, else ``''``."""
+        if not self.is_cast:
+            return ""
+        src, dst = self.source.dtype, self.outputs[0].dtype
+        return f"{_device.dtype_name(src)}->{_device.dtype_name(dst)}"
+
+    @property
+    def cast_bytes(self) -> int:
+        """Bytes a cast reads and writes (0 for other ops)."""
+        return self.source.nbytes + self.outputs[0].nbytes if self.is_cast else 0
+
+    def signature(self) -> str:
+        def dts(ms: tuple[Meta, ...]) -> str:
+            return ", ".join(_device.dtype_name(m.dtype) for m in ms)
+
+        return f"({dts(self.inputs)}) -> ({dts(self.outputs)})"
+
+
+def _metas(value: Any) -> tuple[Meta, ...]:
+    return tuple(Meta.of(t) for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+class DtypeLog(TorchDispatchMode):
+    """Records every ATen op run while active, with dtypes, shapes and phase; marks casts.
+
+    Pass the model (or ``named_parameters()``) to name the parameters whose gradients a
+    backward op produces. The log is read after the ``with`` block: :meth:`summary`,
+    :meth:`casts`, :meth:`cast_bytes`, :meth:`per_param`, :meth:`table`.
+    """
+
+    def __init__(self, params: Params | None = None):
+        super().__init__()
+        self.records: list[OpRecord] = []
+        self._names = _names(params)
+        self._label = FORWARD
+
+    @contextmanager
+    def phase(self, label: str) -> Iterator[None]:
+        """Label the ops run outside the autograd engine (``optimizer``, ``eval``, ...)."""
+        before, self._label = self._label, label
+        try:
+            yield
+        finally:
+            self._label = before
+
+    def _params_of(self, node: Any) -> str:
+        own = _leaf_name(node, self._names)
+        if own is not None:
+            return own
+        fed = (_leaf_name(n, self._names) for n, _ in node.next_functions if n is not None)
+        return ", ".join(name for name in fed if name is not None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        node = torch._C._current_autograd_node()
+        if node is None:
+            record = OpRecord(self._label, str(func), _metas((args, kwargs)), _metas(out))
+        else:
+            record = OpRecord(
+                BACKWARD,
+                str(func),
+                _metas((args, kwargs)),
+                _metas(out),
+                node.name(),
+                self._params_of(node),
+            )
+        self.records.append(record)
+        return out
+
+    def select(self, phase: str | None = None, casts: bool = False) -> list[OpRecord]:
+        """The records of one phase (or all), optionally only the casts."""
+        return [
+            r
+            for r in self.records
+            if (phase is None or r.phase == phase) and (r.is_cast or not casts)
+        ]
+
+    def phases(self) -> list[str]:
+        return list(dict.fromkeys(r.phase for r in self.records))
+
+    def cast_bytes(self, phase: str | None = None) -> int:
+        """Bytes read and written by the casts of one phase (or all)."""
+        return sum(r.cast_bytes for r in self.select(phase, casts=True))
+
+    def table(self, phase: str | None = None, casts: bool = False) -> Table:
+        """One row per op, in the order they ran."""
+        rows = tuple(
+            (
+                r.phase,
+                r.node,
+                r.op,
+                ", ".join(map(str, r.inputs)),
+                ", ".join(map(str, r.outputs)),
+                r.cast,
+                r.param,
+            )
+            for r in self.select(phase, casts)
+        )
+        return Table(
+            ("phase", "autograd node", "op", "inputs", "outputs", "cast", "parameter"),
+            rows,
+            self._caption(phase, "casts" if casts else "ops"),
+        )
+
+    def casts(self, phase: str | None = None) -> Table:
+        """The casts, one row each, with the bytes each reads and writes."""
+        rows = tuple(
+            (r.phase, r.node, r.cast, str(list(r.source.shape)), r.cast_bytes, r.param)
+            for r in self.select(phase, casts=True)
+        )
+        return Table(
+            ("phase", "autograd node", "cast", "shape", "bytes", "parameter"),
+            rows,
+            self._caption(phase, "casts"),
+        )
+
+    def summary(self) -> Table:
+        """Ops grouped by phase, op and dtype signature, with counts; casts marked."""
+        counts = Counter((r.phase, r.node, r.op, r.signature(), r.cast) for r in self.records)
+        rows = tuple((*key, n) for key, n in counts.items())
+        total = {p: len(self.select(p)) for p in self.phases()}
+        notes = tuple(
+            f"{p}: {n} ops, {len(self.select(p, casts=True))} casts, "
+            f"{self.cast_bytes(p)} bytes cast"
+            for p, n in total.items()
+        )
+        return Table(
+            ("phase", "autograd node", "op", "dtypes", "cast", "count"),
+            rows,
+            self._caption(None, "ops"),
+            notes,
+        )
+
+    def per_param(self, phase: str = BACKWARD) -> Table:
+        """Casts and cast bytes per parameter, for the casts attributed to one."""
+        casts: Counter[str] = Counter()
+        nbytes: Counter[str] = Counter()
+        for r in self.select(phase, casts=True):
+            if r.param:
+                casts[r.param] += 1
+                nbytes[r.param] += r.cast_bytes
+        rows = tuple((p, casts[p], nbytes[p]) for p in casts)
+        return Table(
+            ("parameter", "casts", "bytes"),
+            rows,
+            f"{phase} casts per parameter, torch {torch.__version__}",
+        )
+
+    def _caption(self, phase: str | None, what: str) -> str:
+        where = f"{phase} " if phase else ""
+        return f"{where}{what} seen by DtypeLog, torch {torch.__version__}"
+
+    def __repr__(self) -> str:
+        return self.summary().to_text()
+
+    def _repr_html_(self) -> str:
+        return self.summary().to_html()
+
+
+# ---------------------------------------------------------------------------------------------
+# master weights
+# ---------------------------------------------------------------------------------------------
+
+WEIGHTS = ("float32", "bfloat16", "master")
+
+
+def spacing(t: torch.Tensor) -> torch.Tensor:
+    """The gap to the next representable value above each element, in ``t``'s dtype."""
+    return torch.nextafter(t, torch.full_like(t, float("inf"))) - t
+
+
+def lost(weight: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """Where a nonzero ``update`` leaves ``weight`` unchanged once added in ``weight``'s dtype."""
+    return (weight + update.to(weight.dtype) == weight) & (update != 0)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The loss of a training run per step, and the share of weight updates that were lost."""
+
+    weights: str
+    losses: tuple[float, ...] = field(repr=False)
+    lost_share: tuple[float, ...] = field(repr=False)
+
+    @property
+    def final(self) -> float:
+        return self.losses[-1]
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.weights}: {len(self.losses)} steps, loss {self.losses[0]:.4g} -> "
+            f"{self.final:.4g}, {self.lost_share[-1]:.0%} of updates lost at the end"
+        )
+
+
+def train(
+    weights: str,
+    steps: int = 300,
+    lr: float = 0.02,
+    seed: int = 0,
+    dev: torch.device | str | None = None,
+) -> Curve:
+    """Fit ``y = X w*`` by plain SGD with one of :data:`WEIGHTS`.
+
+    ``float32`` and ``bfloat16`` keep the weights in that dtype and update them in place;
+    ``master`` keeps bf16 weights for the forward and backward, and applies each update to a
+    float32 copy that is cast back to the bf16 weights after every step. The weights start at
+    one (so bf16's spacing there is ``2**-7``); the loss is computed in float32.
+    """
+    if weights not in WEIGHTS:
+        raise MPGuideError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    dev = _device.pick() if dev is None else _device.resolve(str(dev))
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(256, 16, device=dev, generator=gen)
+    target = x @ (1 + 0.05 * torch.randn(16, 1, device=dev, generator=gen))
+    dtype = torch.float32 if weights == "float32" else torch.bfloat16
+    w = torch.ones(16, 1, device=dev, dtype=dtype, requires_grad=True)
+    master = w.detach().float() if weights == "master" else None
+    inputs = x.to(dtype)
+    losses, shares = [], []
+    for _ in range(steps):
+        loss = ((inputs @ w).float() - target).pow(2).mean()
+        (grad,) = torch.autograd.grad(loss, w)
+        with torch.no_grad():
+            update = -lr * grad.float()
+            held = w if master is None else master
+            shares.append(lost(held, update).float().mean().item())
+            held.add_(update.to(held.dtype))
+            if master is not None:
+                w.copy_(master)
+        losses.append(loss.item())
+    return Curve(weights, tuple(losses), tuple(shares))
