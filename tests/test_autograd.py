@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, autograd, state
+from mpguide import MPGuideError, autograd
 from mpguide.autograd import DtypeLog, grad_graph
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -136,44 +136,58 @@ def test_dtype_log_tables_render(linear):
     )
 
 
-def _linear_cast(method):
-    lin = torch.nn.Linear(4, 3)
-    before = lin.weight
-    with state.preserved():
-        if method == "to":
-            lin.to(BF16)
-        elif method == "data":
-            for p in lin.parameters():
-                p.data = p.data.to(BF16)
-        elif method == "overwrite":
-            torch.__future__.set_overwrite_module_params_on_conversion(True)
-            lin.to(BF16)
-        elif method == "swap":
-            torch.__future__.set_swap_module_params_on_conversion(True)
-            lin.to(BF16)
-    return before, lin
-
-
 @pytest.mark.parametrize(
-    ("method", "same"), [("to", True), ("data", True), ("overwrite", False), ("swap", True)]
+    ("method", "same"),
+    [("construct", True), ("to", True), ("data", True), ("overwrite", False), ("swap", True)],
 )
 def test_casting_methods_identity_dtype_and_no_backward_cast(method, same):
-    before, lin = _linear_cast(method)
-    assert (lin.weight is before) is same
-    assert lin.weight.dtype == BF16
-    with DtypeLog(lin) as log:
-        lin(torch.randn(2, 4, dtype=BF16)).sum().backward()
-    assert lin.weight.grad.dtype == BF16
-    assert log.select("backward", casts=True) == []
+    c = autograd.convert(method, BF16, "cpu")
+    assert c.same_object is same
+    assert (c.dtype, c.recorded, c.grad) == (BF16, BF16, BF16)
+    assert c.old_grad == (BF16 if same else None)
+    assert c.backward_casts == 0 and c.error == ""
     assert not torch.__future__.get_overwrite_module_params_on_conversion()
     assert not torch.__future__.get_swap_module_params_on_conversion()
 
 
-def test_future_flags_restored_when_conversion_raises():
-    lin = torch.nn.Linear(4, 3)
-    with pytest.raises(RuntimeError), state.preserved():
-        torch.__future__.set_swap_module_params_on_conversion(True)
-        lin.to("meta-device-that-does-not-exist")
+@pytest.mark.parametrize(
+    ("method", "grad", "old_grad", "error"),
+    [
+        ("to", FP32, FP32, ""),
+        ("data", FP32, FP32, ""),
+        ("overwrite", None, FP32, ""),
+        ("swap", None, None, "poisoned by swap_tensors"),
+    ],
+)
+def test_casting_after_the_forward_keeps_the_recorded_fp32(method, grad, old_grad, error):
+    c = autograd.convert(method, BF16, "cpu", graph_before=True)
+    assert (c.dtype, c.recorded) == (BF16, FP32)
+    assert (c.grad, c.old_grad) == (grad, old_grad)
+    assert error in c.error and bool(c.error) == bool(error)
+    assert c.backward_casts == 0
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+
+
+def test_conversions_table_and_bad_method():
+    table = autograd.conversions(BF16, "cpu", graph_before=True)
+    assert len(table.rows) == len(autograd.METHODS) - 1
+    assert "forward before the cast" in table.caption
+    with pytest.raises(MPGuideError, match="unknown method"):
+        autograd.convert("cast-harder")
+
+
+@pytest.mark.parametrize("method", ["overwrite", "swap"])
+def test_future_flags_restored_when_the_cast_raises(monkeypatch, method):
+    def boom(self, *args, **kwargs):
+        assert torch.__future__.get_overwrite_module_params_on_conversion() or (
+            torch.__future__.get_swap_module_params_on_conversion()
+        )
+        raise RuntimeError("cast failed")
+
+    monkeypatch.setattr(torch.nn.Module, "to", boom)
+    with pytest.raises(RuntimeError, match="cast failed"):
+        autograd.convert(method, BF16, "cpu")
+    assert not torch.__future__.get_overwrite_module_params_on_conversion()
     assert not torch.__future__.get_swap_module_params_on_conversion()
 
 
