@@ -14,7 +14,8 @@
   An op runs in the ``backward`` phase when the autograd engine runs it (inside a node's
   backward); every other op takes the current label, ``forward`` unless set with
   :meth:`DtypeLog.phase`. The ``ones_like`` seed that ``backward()`` makes before the engine
-  starts is such an op.
+  starts is such an op. A ``torch.compile``'d function called inside the logger runs eagerly;
+  call its forward outside and only its backward inside to log the compiled backward.
 - :func:`train` fits a tiny regression with float32, bfloat16, or bfloat16 weights updated
   through a float32 master copy, and records the loss and the updates bf16 could not hold.
 """
