@@ -110,9 +110,14 @@ class GradNode:
     children: tuple[GradNode, ...] = ()
     repeat: bool = False
 
+    @property
+    def short_name(self) -> str:
+        """The name without its C++ namespace (``AccumulateGrad``)."""
+        return self.name.rsplit("::", 1)[-1]
+
     def label(self) -> str:
         grads = ", ".join(str(m) for m in self.grad_in)
-        text = f"{self.name}  grad in: {grads}" if grads else self.name
+        text = f"{self.short_name}  grad in: {grads}" if grads else self.short_name
         if self.param is not None:
             text += f"  <- {self.param}"
         return text + ("  (shown above)" if self.repeat else "")
@@ -167,7 +172,7 @@ class GradGraph:
         def visit(n: GradNode, depth: int) -> None:
             rows.append(
                 (
-                    "  " * depth + n.name,
+                    "  " * depth + n.short_name,
                     ", ".join(_device.dtype_name(m.dtype) for m in n.grad_in),
                     ", ".join(str(list(m.shape)) for m in n.grad_in),
                     ", ".join(m.device for m in n.grad_in),
@@ -329,6 +334,10 @@ class DtypeLog(TorchDispatchMode):
             if (phase is None or r.phase == phase) and (r.is_cast or not casts)
         ]
 
+    def signatures(self, op: str, phase: str | None = None) -> list[str]:
+        """The dtype signatures of every call of ``op`` (``aten.mm`` matches every overload)."""
+        return [r.signature() for r in self.select(phase) if r.op.startswith(op)]
+
     def phases(self) -> list[str]:
         return list(dict.fromkeys(r.phase for r in self.records))
 
@@ -452,8 +461,7 @@ class Conversion:
             self.recorded,
             self.grad or "none",
             self.old_grad or "none",
-            self.backward_casts,
-            self.error,
+            "raised" if self.error else f"{self.backward_casts} casts",
         )
 
 
@@ -540,13 +548,13 @@ def conversions(
             "weight dtype",
             "recorded grad dtype",
             "weight.grad",
-            "old object's grad",
-            "backward casts",
-            "error",
+            "old weight's grad",
+            "backward",
         ),
         tuple(r.row() for r in results),
         f"casting nn.Linear to {_device.dtype_name(_device.dtype(dtype))}, {when}, "
         f"torch {torch.__version__}",
+        tuple(f"{METHODS[r.method]}: backward raised: {r.error}" for r in results if r.error),
     )
 
 

@@ -47,7 +47,7 @@ def test_grad_graph_under_autocast_records_bf16_grads_and_fp32_leaves(linear):
     assert [c.grad_in[0].dtype for c in copies] == [FP32, BF16, BF16]
     assert g.param("weight").grad_in[0].dtype == FP32
     text = repr(g)
-    assert "└─ torch::autograd::AccumulateGrad  grad in: float32[3, 4]  <- weight" in text
+    assert "└─ AccumulateGrad  grad in: float32[3, 4]  <- weight" in text
     assert "<pre" in g._repr_html_()
     assert g.table().column("parameter").count("weight") == 1
 
@@ -102,8 +102,8 @@ def test_dtype_log_phases_and_forward_casts(linear):
     forward = log.select("forward", casts=True)
     assert {r.cast for r in forward} == {"float32->bfloat16", "bfloat16->float32"}
     assert [r.op for r in log.select("optimizer")] == ["aten.mul_.Tensor"]
-    mm = [r for r in log.select("backward") if r.op == "aten.mm.default"]
-    assert mm and all(m.dtype == BF16 for r in mm for m in r.inputs)
+    assert log.signatures("aten.mm", "backward") == ["(bfloat16, bfloat16) -> (bfloat16)"]
+    assert log.signatures("aten.addmm") == ["(bfloat16, bfloat16, bfloat16) -> (bfloat16)"]
 
 
 def test_dtype_log_sees_no_cast_without_autocast(linear):
@@ -172,6 +172,8 @@ def test_conversions_table_and_bad_method():
     table = autograd.conversions(BF16, "cpu", graph_before=True)
     assert len(table.rows) == len(autograd.METHODS) - 1
     assert "forward before the cast" in table.caption
+    assert table.column("backward") == ["0 casts", "0 casts", "0 casts", "raised"]
+    assert len(table.notes) == 1 and "swap flag: backward raised: " in table.notes[0]
     with pytest.raises(MPGuideError, match="unknown method"):
         autograd.convert("cast-harder")
 

@@ -60,13 +60,13 @@ assert not torch.__future__.get_overwrite_module_params_on_conversion()
 # ---------------------------------
 # :func:`mpguide.autograd.conversions` casts a fresh ``Linear(8, 8)`` each way, runs a bf16
 # forward and backward, and reports. "Recorded grad dtype" is the dtype autograd stored for
-# the weight's ``AccumulateGrad`` node; "backward casts" counts the dtype conversions
+# the weight's ``AccumulateGrad`` node; "backward" counts the dtype conversions
 # :class:`~mpguide.autograd.DtypeLog` saw while backward ran.
 after = autograd.conversions(torch.bfloat16, dev)
 for row in after.records():
     assert row["weight dtype"] == row["recorded grad dtype"] == torch.bfloat16, row
     assert row["weight.grad"] == torch.bfloat16, row
-    assert row["backward casts"] == 0, row
+    assert row["backward"] == "0 casts", row
 same = dict(zip(after.column("method"), after.column("same object"), strict=True))
 assert [m for m, s in same.items() if not s] == [autograd.METHODS["overwrite"]]
 after
@@ -94,8 +94,9 @@ to, data = rows[autograd.METHODS["to"]], rows[autograd.METHODS["data"]]
 overwrite, swap = rows[autograd.METHODS["overwrite"]], rows[autograd.METHODS["swap"]]
 for row in (to, data):
     assert row["weight dtype"] == torch.bfloat16 and row["weight.grad"] == torch.float32
-assert overwrite["weight.grad"] == "none" and overwrite["old object's grad"] == torch.float32
-assert "poisoned by swap_tensors" in swap["error"]
+assert overwrite["weight.grad"] == "none" and overwrite["old weight's grad"] == torch.float32
+assert swap["backward"] == "raised"
+assert [n for n in before.notes if "poisoned by swap_tensors" in n]
 assert all(r["recorded grad dtype"] == torch.float32 for r in rows.values())
 before
 
@@ -107,7 +108,7 @@ before
 # - with the overwrite flag the gradient lands on the old float32 parameter, which the module
 #   no longer holds, and the new one gets none;
 # - with the swap flag, backward refuses to run: the swapped ``AccumulateGrad`` node is
-#   poisoned, and the error (shown above, first sentence) says why.
+#   poisoned, and the error (under the table, first sentence) says why.
 #
 # The tree of such a graph shows the float32 leaf behind a weight that is now bf16:
 lin = torch.nn.Linear(8, 8, device=dev)
@@ -138,8 +139,10 @@ for method, make in makers.items():
     with autograd.DtypeLog(lin) as log:
         loss.backward()
     nodes = {r.node for r in log.select("backward")}
-    print(f"{autograd.METHODS[method]}: {len(log.select('backward'))} backward ops in "
-          f"{', '.join(sorted(nodes))}, {len(log.select('backward', casts=True))} casts")
+    print(
+        f"{autograd.METHODS[method]}: {len(log.select('backward'))} backward ops in "
+        f"{', '.join(sorted(nodes))}, {len(log.select('backward', casts=True))} casts"
+    )
     assert "CompiledFunctionBackward" in nodes
     assert log.select(casts=True) == []
     assert lin.weight.grad.dtype == torch.bfloat16
