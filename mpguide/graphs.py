@@ -6,7 +6,7 @@ backend against a float64 reference.
   the graphs after inductor's decompositions, as inductor receives them to lower, with the code
   inductor generated from them.
 - :func:`dtype_flow` lists the nodes of a graph where the dtype changes, with the line of user
-  code that produced each.
+  code that produced each; :func:`eager_flow` lists the same for an eager run.
 - :func:`compare_backends` runs one function under several backends and tabulates each
   output's dtype and error against a float64 reference.
 """
@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import math
 import re
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError
@@ -194,7 +197,7 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
         if node.op != "call_function" or out is None or not ins:
             continue
         if any(dt != out for dt in ins):
-            kind = "conversion" if str(node.target) in _CONVERSIONS else "promotion"
+            kind = _change(str(node.target))
             rows.append(
                 (
                     node.name,
@@ -208,13 +211,77 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
     return Table(("node", "op", "change", "in", "out", "user code"), tuple(rows), caption)
 
 
+def _change(op: str) -> str:
+    return "conversion" if op in _CONVERSIONS else "promotion"
+
+
+_LIBRARY_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+
+
+def _user_frame() -> str:
+    """The innermost frame of the running Python stack outside torch and mpguide."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_LIBRARY_DIRS):
+            code = (frame.line or "").strip()
+            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}: {code}"
+    return ""
+
+
+class _DtypeRecorder(TorchDispatchMode):
+    """Records the ops whose output dtype differs from one of their tensor inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase = "forward"
+        self.rows: list[tuple[str, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins: list[torch.dtype] = []
+        for a in tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor) and a.dtype not in ins:
+                ins.append(a.dtype)
+        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        if ins and outs and any(dt != outs[0].dtype for dt in ins):
+            name = str(func)
+            where = _user_frame() if self.phase == "forward" else ""
+            self.rows.append(
+                (
+                    self.phase,
+                    name.removesuffix(".default"),
+                    _change(name),
+                    " + ".join(_device.dtype_name(d) for d in ins),
+                    _device.dtype_name(outs[0].dtype),
+                    where,
+                )
+            )
+        return out
+
+
+def eager_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Table:
+    """The dtype changes eager PyTorch makes running ``fn(*args, **kwargs)`` and, when the
+    output requires grad, its backward pass (see :func:`backward_once`): the eager counterpart
+    of :func:`dtype_flow`, recorded at the dispatcher, so autocast's casts are included."""
+    recorder = _DtypeRecorder()
+    with recorder:
+        out = fn(*args, **kwargs)
+        recorder.phase = "backward"
+        backward_once(out)
+    return Table(
+        ("phase", "op", "change", "in", "out", "user code"),
+        tuple(recorder.rows),
+        "dtype changes in eager",
+    )
+
+
 # -- capture ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Graphs:
-    """What AOTAutograd gave one backend: the forward graph, the backward graph (``None`` when no
-    input requires grad) and, for inductor, the code it generated from each."""
+    """What AOTAutograd gave one backend: the forward graph, the backward graph (``None`` when
+    nothing requires grad) and, for inductor, the code it generated from each."""
 
     backend: str
     forward: torch.fx.GraphModule = field(repr=False)
@@ -262,16 +329,35 @@ class Graphs:
         )
 
 
-def _requires_grad(args: Any) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in tree_leaves(args))
+def _grad_outputs(out: Any) -> list[torch.Tensor]:
+    return [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
 
 
-def _backward_through(out: Any, inputs: Any) -> None:
-    """Run the backward pass once, with ones as output gradients, leaving ``.grad`` alone."""
-    outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-    wrt = [a for a in tree_leaves(inputs) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if outs and wrt:
-        torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+def _leaves(outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaf tensors (inputs, parameters) that ``outs`` depend on through autograd."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if hasattr(fn, "variable"):
+            found[id(fn.variable)] = fn.variable
+        stack.extend(f for f, _ in fn.next_functions)
+    return list(found.values())
+
+
+def backward_once(out: Any) -> bool:
+    """Run the backward pass of ``out`` once, with ones as output gradients, leaving every
+    ``.grad`` alone. Returns whether there was a backward pass to run."""
+    outs = _grad_outputs(out)
+    leaves = _leaves(outs)
+    if not (outs and leaves):
+        return False
+    torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+    return True
 
 
 def _recording_backend(backend: str, fw: list, bw: list, code: list):
@@ -309,9 +395,10 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     ``inductor+emulate_precision_casts``), call it once on ``args`` and ``kwargs``, and keep the
     graphs AOTAutograd handed to the backend's compiler.
 
-    When an input requires grad, the backward pass is run once (with ones as output gradients,
-    ``.grad`` untouched) so the backward graph is compiled too. Dynamo's caches are reset first;
-    ``fn`` must compile to one graph.
+    When the output requires grad (through an input or a parameter), the backward pass is run
+    once with :func:`backward_once` so the backward graph is compiled too. Dynamo's caches are
+    reset before and after; ``fn`` must compile to one graph. Call it inside
+    :func:`torch.autocast` to see where autocast puts its casts.
     """
     _check_backend(backend, _COMPILED)
     _import_inductor()
@@ -327,8 +414,8 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
             fn, backend=_recording_backend(backend, fw, bw, code), fullgraph=True, dynamic=False
         )
         out = compiled(*args, **kwargs)
-        if _requires_grad((args, kwargs)) and not bw:
-            _backward_through(out, (args, kwargs))
+        if not bw:
+            backward_once(out)
     torch._dynamo.reset()
     if len(fw) != 1:
         raise MPGuideError(f"expected one forward graph from {backend}, got {len(fw)}")

@@ -163,3 +163,31 @@ def test_side_by_side_shows_each_capture():
     view = graphs.side_by_side(a, a)
     assert repr(view).count("# aot_eager") == 2
     assert view._repr_html_().count("<pre") == 2
+
+
+def test_backward_graph_through_a_parameter_under_autocast():
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g = graphs.capture(lambda x: torch.relu(lin(x)), x, backend="aot_eager")
+    assert lin.weight.grad is None and lin.bias.grad is None
+    assert g.flow().column("out") == ["bfloat16"] * 3
+    assert g.flow("backward").column("out") == ["float32", "float32"]
+
+
+def test_eager_flow_records_autocast_casts_forward_and_backward():
+    lin = torch.nn.Linear(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        flow = graphs.eager_flow(lambda x: lin(x), torch.randn(4, 16))
+    assert flow.column("phase") == ["forward"] * 3 + ["backward"] * 2
+    assert flow.column("op") == ["aten._to_copy"] * 5
+    assert flow.column("out") == ["bfloat16"] * 3 + ["float32"] * 2
+    assert all("in <lambda>: flow = graphs.eager_flow" in s for s in flow.column("user code")[:3])
+    assert lin.weight.grad is None
+
+
+def test_backward_once_without_grad_does_nothing():
+    assert graphs.backward_once(torch.ones(3)) is False
+    w = torch.ones(3, requires_grad=True)
+    assert graphs.backward_once((w * 2).sum()) is True
+    assert w.grad is None
