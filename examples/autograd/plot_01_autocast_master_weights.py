@@ -175,6 +175,8 @@ assert total > param_casts
 # to bf16. The backward casts without a parameter carry activation gradients: where autocast
 # ran an op in float32 (the loss, on this device), the float32 gradient is
 # cast back to bf16 for the matmul before it, and the other way round at its input.
+activation_casts = [r for r in mlp_log.select("backward", casts=True) if not r.param]
+assert ("float32->bfloat16", [32, 10]) in [(r.cast, list(r.source.shape)) for r in activation_casts]
 mlp_log.casts("backward")
 
 # %%
