@@ -38,6 +38,8 @@ from mpguide import device as _device
 from mpguide.table import Table
 
 FORWARD, BACKWARD = "forward", "backward"
+# Bookkeeping ops (``record_function`` markers that optimizers emit) the log leaves out.
+IGNORED_NAMESPACES = frozenset({"profiler"})
 # The ops that convert dtype, and which argument is the source (the output is the target).
 CAST_SOURCES = {"aten._to_copy.default": 0, "aten.copy_.default": 1, "aten.copy.default": 1}
 
@@ -238,6 +240,16 @@ class OpRecord:
     param: str = ""
 
     @property
+    def op_name(self) -> str:
+        """The op without its ``.default`` overload, for tables."""
+        return self.op.removesuffix(".default")
+
+    @property
+    def node_name(self) -> str:
+        """The autograd node without its C++ namespace, for tables."""
+        return self.node.rsplit("::", 1)[-1]
+
+    @property
     def source(self) -> Meta | None:
         """The converted tensor, for a cast op."""
         i = CAST_SOURCES.get(self.op)
@@ -311,6 +323,8 @@ class DtypeLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func.namespace in IGNORED_NAMESPACES:
+            return out
         node = torch._C._current_autograd_node()
         if node is None:
             record = OpRecord(self._label, str(func), _metas((args, kwargs)), _metas(out))
@@ -350,8 +364,8 @@ class DtypeLog(TorchDispatchMode):
         rows = tuple(
             (
                 r.phase,
-                r.node,
-                r.op,
+                r.node_name,
+                r.op_name,
                 ", ".join(map(str, r.inputs)),
                 ", ".join(map(str, r.outputs)),
                 r.cast,
@@ -368,7 +382,7 @@ class DtypeLog(TorchDispatchMode):
     def casts(self, phase: str | None = None) -> Table:
         """The casts, one row each, with the bytes each reads and writes."""
         rows = tuple(
-            (r.phase, r.node, r.cast, str(list(r.source.shape)), r.cast_bytes, r.param)
+            (r.phase, r.node_name, r.cast, str(list(r.source.shape)), r.cast_bytes, r.param)
             for r in self.select(phase, casts=True)
         )
         return Table(
@@ -379,7 +393,9 @@ class DtypeLog(TorchDispatchMode):
 
     def summary(self) -> Table:
         """Ops grouped by phase, op and dtype signature, with counts; casts marked."""
-        counts = Counter((r.phase, r.node, r.op, r.signature(), r.cast) for r in self.records)
+        counts = Counter(
+            (r.phase, r.node_name, r.op_name, r.signature(), r.cast) for r in self.records
+        )
         rows = tuple((*key, n) for key, n in counts.items())
         total = {p: len(self.select(p)) for p in self.phases()}
         notes = tuple(

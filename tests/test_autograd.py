@@ -106,6 +106,21 @@ def test_dtype_log_phases_and_forward_casts(linear):
     assert log.signatures("aten.addmm") == ["(bfloat16, bfloat16, bfloat16) -> (bfloat16)"]
 
 
+def test_dtype_log_leaves_out_profiler_markers(linear):
+    linear(torch.randn(2, 4)).sum().backward()
+    with DtypeLog(linear) as log:
+        torch.optim.SGD(linear.parameters(), lr=0.1).step()
+    assert log.records and all(r.op.startswith("aten.") for r in log.records)
+
+
+def test_tables_show_short_names(linear):
+    log = DtypeLog(linear)
+    _autocast_step(linear, log)
+    assert "AccumulateGrad" in log.summary().column("autograd node")
+    assert "aten.mm" in log.table().column("op")
+    assert any(r.node == ACC for r in log.records)
+
+
 def test_dtype_log_sees_no_cast_without_autocast(linear):
     with DtypeLog(linear) as log:
         linear(torch.randn(2, 4)).sum().backward()
