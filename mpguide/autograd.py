@@ -561,10 +561,10 @@ def conversions(
         (
             "method",
             "same object",
-            "weight dtype",
-            "recorded grad dtype",
+            "dtype",
+            "recorded",
             "weight.grad",
-            "old weight's grad",
+            "old weight.grad",
             "backward",
         ),
         tuple(r.row() for r in results),

@@ -59,12 +59,13 @@ assert not torch.__future__.get_overwrite_module_params_on_conversion()
 # Five ways, forward after the cast
 # ---------------------------------
 # :func:`mpguide.autograd.conversions` casts a fresh ``Linear(8, 8)`` each way, runs a bf16
-# forward and backward, and reports. "Recorded grad dtype" is the dtype autograd stored for
-# the weight's ``AccumulateGrad`` node; "backward" counts the dtype conversions
-# :class:`~mpguide.autograd.DtypeLog` saw while backward ran.
+# forward and backward, and reports. "dtype" is the weight's; "recorded" is the dtype
+# autograd stored for the gradient of the weight's ``AccumulateGrad`` node; "old
+# weight.grad" is the gradient of the object the module held before the cast; "backward"
+# counts the dtype conversions :class:`~mpguide.autograd.DtypeLog` saw while backward ran.
 after = autograd.conversions(torch.bfloat16, dev)
 for row in after.records():
-    assert row["weight dtype"] == row["recorded grad dtype"] == torch.bfloat16, row
+    assert row["dtype"] == row["recorded"] == torch.bfloat16, row
     assert row["weight.grad"] == torch.bfloat16, row
     assert row["backward"] == "0 casts", row
 same = dict(zip(after.column("method"), after.column("same object"), strict=True))
@@ -93,11 +94,11 @@ rows = {r["method"]: r for r in before.records()}
 to, data = rows[autograd.METHODS["to"]], rows[autograd.METHODS["data"]]
 overwrite, swap = rows[autograd.METHODS["overwrite"]], rows[autograd.METHODS["swap"]]
 for row in (to, data):
-    assert row["weight dtype"] == torch.bfloat16 and row["weight.grad"] == torch.float32
-assert overwrite["weight.grad"] == "none" and overwrite["old weight's grad"] == torch.float32
+    assert row["dtype"] == torch.bfloat16 and row["weight.grad"] == torch.float32
+assert overwrite["weight.grad"] == "none" and overwrite["old weight.grad"] == torch.float32
 assert swap["backward"] == "raised"
 assert [n for n in before.notes if "poisoned by swap_tensors" in n]
-assert all(r["recorded grad dtype"] == torch.float32 for r in rows.values())
+assert all(r["recorded"] == torch.float32 for r in rows.values())
 before
 
 # %%
