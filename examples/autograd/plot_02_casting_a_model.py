@@ -105,7 +105,7 @@ before
 # The graph kept what it recorded, float32, and the engine delivers gradients in that dtype:
 #
 # - after ``.to`` or ``.data =``, the bf16 weight gets a **float32** ``.grad``, with no cast
-#   anywhere (autograd only casts a gradient whose dtype differs from the one recorded);
+#   anywhere (backward works on what the float32 forward saved);
 # - with the overwrite flag the gradient lands on the old float32 parameter, which the module
 #   no longer holds, and the new one gets none;
 # - with the swap flag, backward refuses to run: the swapped ``AccumulateGrad`` node is

@@ -35,9 +35,9 @@ def tally(signatures: list[str]) -> str:
     return "; ".join(f"{signatures.count(s)} × {s}" for s in dict.fromkeys(signatures))
 
 
-def backward_log(forward, inside: bool) -> DtypeLog:
+def backward_log(forward, inside: bool, params=None) -> DtypeLog:
     """Run ``forward()`` under autocast, then backward inside or after the region, logged."""
-    log = DtypeLog()
+    log = DtypeLog(params)
     with log:
         with torch.autocast(dev.type, dtype=BF16):
             loss = forward()
@@ -68,7 +68,7 @@ def mlp_loss():
 runs = {}
 for inside in (True, False):
     mlp.zero_grad(set_to_none=True)
-    runs[inside] = backward_log(mlp_loss, inside)
+    runs[inside] = backward_log(mlp_loss, inside, mlp)
 signature = {k: [(r.op, r.signature()) for r in log.select("backward")] for k, log in runs.items()}
 print(
     f"backward ops: {len(signature[True])}; the same ops and dtypes both ways: "
