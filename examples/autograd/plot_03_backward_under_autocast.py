@@ -86,8 +86,8 @@ runs[False].casts("backward")
 #
 # An op autocast runs in float32
 # ------------------------------
-# ``torch.linalg.inv`` is on autocast's float32 list: it returns float32 inside the region.
-# Its backward computes two matmuls. Called inside the region, backward runs under autocast
+# Autocast does not lower ``torch.linalg.inv``: on float32 inputs it returns float32 inside
+# the region. Its backward computes two matmuls. Called inside the region, backward runs under autocast
 # too, and those matmuls are cast down to bf16; called after it, they stay in float32.
 a = torch.randn(16, 16, device=dev, generator=gen) + 16 * torch.eye(16, device=dev)
 w = torch.randn(16, 16, device=dev, generator=gen)
