@@ -35,23 +35,22 @@ w = torch.ones(1, device=dev, dtype=BF16)
 gap = autograd.spacing(w).item()
 print(f"bf16 spacing above 1.0: {gap} (2**-7 = {2**-7}); half of it: {gap / 2}")
 assert gap == 2**-7
+assert autograd.spacing(w.float()).item() == 2**-23
 
-updates = torch.tensor([1e-3, 3e-3, 4.5e-3, 1e-2], device=dev)
 rows = []
-for u in updates:
-    in_bf16 = (w + u.to(BF16)).item()
-    in_fp32 = (w.float() + u).item()
+for u in torch.tensor([[1e-3], [3e-3], [4.5e-3], [1e-2]], device=dev):
+    lost = autograd.lost(w, u).item()
+    assert lost == (u.item() < gap / 2)
+    assert not autograd.lost(w.float(), u).item()
     rows.append(
         (
             f"{u.item():.4g}",
             u.item() < gap / 2,
-            in_bf16,
-            f"{in_fp32:.7g}",
-            autograd.lost(w, u.reshape(1)).item(),
+            (w + u.to(BF16)).item(),
+            f"{(w.float() + u).item():.7g}",
+            lost,
         )
     )
-    assert autograd.lost(w, u.reshape(1)).item() == (u.item() < gap / 2)
-    assert not autograd.lost(w.float(), u.reshape(1)).item()
 Table(
     ("update", "under half the spacing", "1 + update in bf16", "1 + update in float32", "lost"),
     tuple(rows),
