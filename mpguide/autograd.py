@@ -16,12 +16,16 @@
   :meth:`DtypeLog.phase`. The ``ones_like`` seed that ``backward()`` makes before the engine
   starts is such an op. A ``torch.compile``'d function called inside the logger runs eagerly;
   call its forward outside and only its backward inside to log the compiled backward.
+- :func:`convert` casts a ``Linear`` one of the ways torch offers (:data:`METHODS`) and reports
+  the parameter's identity, dtypes and the casts in backward; :func:`conversions` tabulates
+  every way.
 - :func:`train` fits a tiny regression with float32, bfloat16, or bfloat16 weights updated
   through a float32 master copy, and records the loss and the updates bf16 could not hold.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -61,10 +65,7 @@ class Meta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -131,18 +132,17 @@ class GradGraph:
 
     root: GradNode
 
+    def walk(self) -> Iterator[tuple[int, GradNode]]:
+        """``(depth, node)`` for every node, repeats included, depth first from the root."""
+        stack = [(0, self.root)]
+        while stack:
+            depth, n = stack.pop()
+            yield depth, n
+            stack.extend((depth + 1, c) for c in reversed(n.children))
+
     def nodes(self) -> list[GradNode]:
         """Every node once, depth first from the root."""
-        out: list[GradNode] = []
-
-        def visit(n: GradNode) -> None:
-            if not n.repeat:
-                out.append(n)
-                for c in n.children:
-                    visit(c)
-
-        visit(self.root)
-        return out
+        return [n for _, n in self.walk() if not n.repeat]
 
     def find(self, name: str) -> list[GradNode]:
         """The nodes whose name ends with ``name`` (``AccumulateGrad`` matches the C++ name)."""
@@ -156,38 +156,34 @@ class GradGraph:
         raise KeyError(name)
 
     def lines(self) -> list[str]:
+        """The tree drawn with box characters, one node per line."""
         out: list[str] = []
-
-        def visit(n: GradNode, prefix: str, last: bool, top: bool) -> None:
-            out.append(n.label() if top else f"{prefix}{'└─ ' if last else '├─ '}{n.label()}")
-            inner = "" if top else prefix + ("   " if last else "│  ")
-            for i, c in enumerate(n.children):
-                visit(c, inner, i == len(n.children) - 1, False)
-
-        visit(self.root, "", True, True)
+        # Each entry: the node, the prefix its children continue, and its own connector.
+        stack: list[tuple[GradNode, str, str]] = [(self.root, "", "")]
+        while stack:
+            n, prefix, connector = stack.pop()
+            out.append(connector + n.label())
+            last = len(n.children) - 1
+            for i, c in reversed(list(enumerate(n.children))):
+                tail = "└─ " if i == last else "├─ "
+                stack.append((c, prefix + ("   " if i == last else "│  "), prefix + tail))
         return out
 
     def table(self) -> Table:
         """One row per node (repeats included), indented by depth."""
-        rows: list[tuple[Any, ...]] = []
-
-        def visit(n: GradNode, depth: int) -> None:
-            rows.append(
-                (
-                    "  " * depth + n.short_name,
-                    ", ".join(_device.dtype_name(m.dtype) for m in n.grad_in),
-                    ", ".join(str(list(m.shape)) for m in n.grad_in),
-                    ", ".join(m.device for m in n.grad_in),
-                    n.param or "",
-                )
+        rows = tuple(
+            (
+                "  " * depth + n.short_name,
+                ", ".join(_device.dtype_name(m.dtype) for m in n.grad_in),
+                ", ".join(str(list(m.shape)) for m in n.grad_in),
+                ", ".join(m.device for m in n.grad_in),
+                n.param or "",
             )
-            for c in n.children:
-                visit(c, depth + 1)
-
-        visit(self.root, 0)
+            for depth, n in self.walk()
+        )
         return Table(
             ("node", "grad dtype", "grad shape", "device", "parameter"),
-            tuple(rows),
+            rows,
             f"autograd graph, torch {torch.__version__}",
         )
 
@@ -210,17 +206,35 @@ def grad_graph(output: torch.Tensor, params: Params | None = None) -> GradGraph:
             "the tensor has no grad_fn: it is a leaf or was computed without autograd"
         )
     names = _names(params)
-    seen: set[int] = set()
 
-    def build(node: Any) -> GradNode:
-        grad_in = tuple(Meta.of(m) for m in getattr(node, "_input_metadata", ()))
-        if id(node) in seen:
-            return GradNode(node.name(), grad_in, _leaf_name(node, names), repeat=True)
-        seen.add(id(node))
-        children = tuple(build(n) for n, _ in node.next_functions if n is not None)
-        return GradNode(node.name(), grad_in, _leaf_name(node, names), children)
+    def grad_in(node: Any) -> tuple[Meta, ...]:
+        return tuple(Meta.of(m) for m in getattr(node, "_input_metadata", ()))
 
-    return GradGraph(build(output.grad_fn))
+    def inputs(node: Any) -> Iterator[Any]:
+        return (n for n, _ in node.next_functions if n is not None)
+
+    # Iterative depth-first walk (deep models exceed Python's recursion limit). ``seen`` keeps
+    # every node object alive, so that ``id`` identifies a node for the whole walk.
+    seen: dict[int, Any] = {id(output.grad_fn): output.grad_fn}
+    stack: list[tuple[Any, list[GradNode], Iterator[Any]]] = [
+        (output.grad_fn, [], inputs(output.grad_fn))
+    ]
+    while True:
+        node, children, pending = stack[-1]
+        child = next(pending, None)
+        if child is None:
+            stack.pop()
+            built = GradNode(node.name(), grad_in(node), _leaf_name(node, names), tuple(children))
+            if not stack:
+                return GradGraph(built)
+            stack[-1][1].append(built)
+        elif id(child) in seen:
+            children.append(
+                GradNode(child.name(), grad_in(child), _leaf_name(child, names), repeat=True)
+            )
+        else:
+            seen[id(child)] = child
+            stack.append((child, [], inputs(child)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,6 +62,35 @@ def test_grad_graph_marks_shared_nodes_once():
     assert g.param("x").name == ACC
 
 
+def test_grad_graph_renders_a_tree():
+    x = torch.randn(3, requires_grad=True)
+    g = grad_graph((x.exp() * x.sin()).sum(), {"x": x})
+    assert repr(g).splitlines() == [
+        "SumBackward0  grad in: float32[]",
+        "└─ MulBackward0  grad in: float32[3]",
+        "   ├─ ExpBackward0  grad in: float32[3]",
+        "   │  └─ AccumulateGrad  grad in: float32[3]  <- x",
+        "   └─ SinBackward0  grad in: float32[3]",
+        "      └─ AccumulateGrad  grad in: float32[3]  <- x  (shown above)",
+    ]
+    assert [(d, n.short_name) for d, n in g.walk()][:3] == [
+        (0, "SumBackward0"),
+        (1, "MulBackward0"),
+        (2, "ExpBackward0"),
+    ]
+
+
+def test_grad_graph_of_a_deep_chain_does_not_recurse():
+    x = torch.randn(2, requires_grad=True)
+    y = x
+    for _ in range(3000):
+        y = y * 1.0
+    g = grad_graph(y.sum(), {"x": x})
+    assert len(g.nodes()) == 3002
+    assert g.param("x").grad_in[0].shape == (2,)
+    assert len(repr(g).splitlines()) == 3002
+
+
 def test_grad_graph_names_unknown_leaves():
     x = torch.randn(3, requires_grad=True)
     assert "(unnamed leaf)" in repr(grad_graph(x.sin()))
