@@ -367,6 +367,7 @@ class DtypeLog(TorchDispatchMode):
         return [r.signature() for r in self.select(phase) if r.op.startswith(op)]
 
     def phases(self) -> list[str]:
+        """The phases seen, in the order they first appeared."""
         return list(dict.fromkeys(r.phase for r in self.records))
 
     def cast_bytes(self, phase: str | None = None) -> int:
