@@ -193,4 +193,4 @@ mlp_log.casts("backward")
 # .. admonition:: References
 #
 #    :torchapi:`torch.autocast`, :torchdoc:`amp.html`, :torchdoc:`notes/autograd.html`,
-#    :torchapi:`torch.utils._python_dispatch.TorchDispatchMode`, :torchapi:`torch.compile`
+#    :torchdoc:`notes/extending.html` (``__torch_dispatch__``), :torchapi:`torch.compile`
