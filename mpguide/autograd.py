@@ -119,7 +119,7 @@ class GradNode:
         return self.name.rsplit("::", 1)[-1]
 
     def label(self) -> str:
-        grads = ", ".join(str(m) for m in self.grad_in)
+        grads = ", ".join(f"{m} {m.device}" for m in self.grad_in)
         text = f"{self.short_name}  grad in: {grads}" if grads else self.short_name
         if self.param is not None:
             text += f"  <- {self.param}"

@@ -47,7 +47,7 @@ def test_grad_graph_under_autocast_records_bf16_grads_and_fp32_leaves(linear):
     assert [c.grad_in[0].dtype for c in copies] == [FP32, BF16, BF16]
     assert g.param("weight").grad_in[0].dtype == FP32
     text = repr(g)
-    assert "└─ AccumulateGrad  grad in: float32[3, 4]  <- weight" in text
+    assert "└─ AccumulateGrad  grad in: float32[3, 4] cpu  <- weight" in text
     assert "<pre" in g._repr_html_()
     assert g.table().column("parameter").count("weight") == 1
 
@@ -66,12 +66,12 @@ def test_grad_graph_renders_a_tree():
     x = torch.randn(3, requires_grad=True)
     g = grad_graph((x.exp() * x.sin()).sum(), {"x": x})
     assert repr(g).splitlines() == [
-        "SumBackward0  grad in: float32[]",
-        "└─ MulBackward0  grad in: float32[3]",
-        "   ├─ ExpBackward0  grad in: float32[3]",
-        "   │  └─ AccumulateGrad  grad in: float32[3]  <- x",
-        "   └─ SinBackward0  grad in: float32[3]",
-        "      └─ AccumulateGrad  grad in: float32[3]  <- x  (shown above)",
+        "SumBackward0  grad in: float32[] cpu",
+        "└─ MulBackward0  grad in: float32[3] cpu",
+        "   ├─ ExpBackward0  grad in: float32[3] cpu",
+        "   │  └─ AccumulateGrad  grad in: float32[3] cpu  <- x",
+        "   └─ SinBackward0  grad in: float32[3] cpu",
+        "      └─ AccumulateGrad  grad in: float32[3] cpu  <- x  (shown above)",
     ]
     assert [(d, n.short_name) for d, n in g.walk()][:3] == [
         (0, "SumBackward0"),
