@@ -1,0 +1,193 @@
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from mpguide import MPGuideError, graphs
+
+
+def _matmul_out_fp32(x, y, b):
+    out = torch.empty(x.shape[:-1] + y.shape[-1:], dtype=torch.float32, device=x.device)
+    return torch.matmul(x, y, out=out) + b
+
+
+def _issue_inputs():
+    gen = torch.Generator().manual_seed(0)
+    return tuple(
+        torch.randn(*s, generator=gen).to(torch.bfloat16)
+        for s in ((32, 7, 1, 8), (32, 7, 8, 1), (32, 7, 1, 1))
+    )
+
+
+def _exact(x, y, b):
+    return torch.matmul(x.double(), y.double()) + b.double()
+
+
+def _round_trip(x):
+    return x.to(torch.bfloat16).to(torch.float32) * 3.0
+
+
+def _no_low_precision(x):
+    return torch.exp(x) * 3.0
+
+
+def _nodes(gm):
+    return {n.name: n for n in gm.graph.nodes}
+
+
+def _targets(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_aot_eager_keeps_the_bf16_bmm_and_copies_into_fp32():
+    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="aot_eager")
+    assert g.backward is None
+    targets = _targets(g.forward)
+    assert "aten.bmm.default" in targets
+    assert "prims.convert_element_type.default" not in targets
+    nodes = _nodes(g.forward)
+    assert nodes["bmm"].meta["val"].dtype == torch.bfloat16
+    assert nodes["copy"].meta["val"].dtype == torch.float32
+    assert nodes["add"].meta["val"].dtype == torch.float32
+
+
+def test_inductor_graph_is_decomposed_into_fp32_multiply_and_sum():
+    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="inductor")
+    targets = _targets(g.forward)
+    assert "aten.bmm.default" not in targets
+    assert "aten.mul.Tensor" in targets and "aten.sum.dim_IntList" in targets
+    converts = [
+        n for n in g.forward.graph.nodes if str(n.target) == "prims.convert_element_type.default"
+    ]
+    assert [n.meta["val"].dtype for n in converts] == [torch.float32, torch.float32, torch.bfloat16]
+    assert _nodes(g.forward)["mul"].meta["val"].dtype == torch.float32
+    assert g.code and g.kernels()
+
+
+def test_render_puts_dtype_and_shape_on_every_node():
+    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="aot_eager")
+    text = g.render()
+    assert text.startswith("def forward(arg0_1: bf16[32, 7, 1, 8], ")
+    assert "    bmm: bf16[224, 1, 1] = aten.bmm(view, view_1)" in text
+    assert "    add: f32[32, 7, 1, 1] = aten.add.Tensor(copy, arg2_1)" in text
+    assert "test_graphs.py:" in text and "in _matmul_out_fp32: return torch.matmul" in text
+    body = [ln for ln in text.splitlines()[1:] if not ln.lstrip().startswith(("#", "return"))]
+    assert len(body) == sum(n.op == "call_function" for n in g.forward.graph.nodes)
+    assert all(": f32[" in ln or ": bf16[" in ln for ln in body)
+    assert "<pre" in g._repr_html_() and repr(g).startswith("# aot_eager, forward")
+
+
+def test_dtype_flow_on_a_known_graph():
+    def f(x, y):
+        z = x.to(torch.bfloat16) * 2
+        return z.float() + y, torch.relu(x)
+
+    gm = make_fx(f)(torch.ones(4), torch.ones(4, dtype=torch.float64))
+    flow = graphs.dtype_flow(gm)
+    assert flow.column("op") == ["aten._to_copy", "aten._to_copy", "aten.add.Tensor"]
+    assert flow.column("change") == ["conversion", "conversion", "promotion"]
+    assert flow.column("in") == ["float32", "bfloat16", "float32 + float64"]
+    assert flow.column("out") == ["bfloat16", "float32", "float64"]
+
+
+def test_dtype_flow_names_the_user_line():
+    g = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    flow = g.flow()
+    assert flow.column("out") == ["bfloat16", "float32"]
+    assert all("in _round_trip: return x.to(torch.bfloat16)" in s for s in flow.column("user code"))
+
+
+def test_backward_graph_is_captured_when_an_input_requires_grad():
+    w = torch.randn(4, 8, requires_grad=True)
+    g = graphs.capture(lambda w: (w.to(torch.bfloat16) * 2).float().sin(), w, backend="aot_eager")
+    assert w.grad is None
+    assert g.backward is not None
+    assert "aten.cos.default" in _targets(g.backward)
+    assert g.flow("backward").column("out") == ["float32", "bfloat16", "float32"]
+    assert set(g.graphs()) == {"forward", "backward"}
+
+
+def test_a_missing_graph_or_unknown_backend_is_a_one_line_error():
+    g = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    with pytest.raises(MPGuideError, match="no 'backward' graph"):
+        g.render("backward")
+    with pytest.raises(MPGuideError, match="unknown backend 'eager'"):
+        graphs.capture(_round_trip, torch.ones(8), backend="eager")
+    with pytest.raises(MPGuideError, match="unknown backend 'cudagraphs'"):
+        graphs.compare_backends(_round_trip, (torch.ones(8),), backends=("cudagraphs",))
+
+
+def test_no_low_precision_step_agrees_with_the_reference_to_fp32_accuracy():
+    x = torch.randn(256, generator=torch.Generator().manual_seed(1))
+    c = graphs.compare_backends(_no_low_precision, (x,), backends=("eager", "aot_eager"))
+    eps = torch.finfo(torch.float32).eps
+    for o in c.outcomes:
+        assert o.error is None and o.dtype == "float32"
+        assert o.max_rel < 4 * eps
+    assert c["aot_eager"].equals_eager is True
+
+
+def test_a_forced_bf16_round_trip_shows_bf16_sized_error():
+    x = torch.randn(256, generator=torch.Generator().manual_seed(1))
+    c = graphs.compare_backends(
+        _round_trip, (x,), backends=("eager", "aot_eager"), reference=lambda x: x.double() * 3.0
+    )
+    unit_roundoff = torch.finfo(torch.bfloat16).eps / 2
+    for o in c.outcomes:
+        assert 100 * torch.finfo(torch.float32).eps < o.max_rel <= unit_roundoff
+    assert c["aot_eager"].equals_eager is True
+
+
+def test_a_backend_that_raises_gets_a_row_with_its_error():
+    c = graphs.compare_backends(
+        _matmul_out_fp32, _issue_inputs(), backends=("eager", "aot_eager"), reference=_exact
+    )
+    eager, aot = c["eager"], c["aot_eager"]
+    assert eager.error.startswith("RuntimeError: Expected out tensor to have dtype")
+    assert eager.max_abs is None and eager.dtype == ""
+    assert aot.error is None and aot.dtype == "float32" and aot.equals_eager is None
+    assert aot.max_abs > 0
+    rows = c.table().records()
+    assert rows[0]["error"] == eager.error and rows[1]["error"] is None
+    assert "<table" in c._repr_html_() and c.reference == "_exact"
+
+
+def test_reference_dtype_casts_the_inputs():
+    x = torch.randn(16, generator=torch.Generator().manual_seed(2))
+    c = graphs.compare_backends(lambda x: x * 3.0, (x,), backends=("eager",))
+    assert c.reference == "float64 eager"
+    assert c["eager"].max_rel < torch.finfo(torch.float32).eps
+
+
+def test_side_by_side_shows_each_capture():
+    a = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    view = graphs.side_by_side(a, a)
+    assert repr(view).count("# aot_eager") == 2
+    assert view._repr_html_().count("<pre") == 2
+
+
+def test_backward_graph_through_a_parameter_under_autocast():
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g = graphs.capture(lambda x: torch.relu(lin(x)), x, backend="aot_eager")
+    assert lin.weight.grad is None and lin.bias.grad is None
+    assert g.flow().column("out") == ["bfloat16"] * 3
+    assert g.flow("backward").column("out") == ["float32", "float32"]
+
+
+def test_eager_flow_records_autocast_casts_forward_and_backward():
+    lin = torch.nn.Linear(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        flow = graphs.eager_flow(lambda x: lin(x), torch.randn(4, 16))
+    assert flow.column("phase") == ["forward"] * 3 + ["backward"] * 2
+    assert flow.column("op") == ["aten._to_copy"] * 5
+    assert flow.column("out") == ["bfloat16"] * 3 + ["float32"] * 2
+    assert all("in <lambda>: flow = graphs.eager_flow" in s for s in flow.column("user code")[:3])
+    assert lin.weight.grad is None
+
+
+def test_backward_once_without_grad_does_nothing():
+    assert graphs.backward_once(torch.ones(3)) is False
+    w = torch.ones(3, requires_grad=True)
+    assert graphs.backward_once((w * 2).sum()) is True
+    assert w.grad is None
