@@ -166,7 +166,10 @@ def render(gm: torch.fx.GraphModule, name: str = "forward") -> str:
 
 
 def _pre(text: str) -> str:
-    return f'<pre class="mpguide-graph">{escape(text)}</pre>'
+    return (
+        '<pre class="mpguide-graph" style="font-size: 0.72rem; overflow-x: auto; '
+        f'white-space: pre;">{escape(text)}</pre>'
+    )
 
 
 # -- dtype flow ------------------------------------------------------------------------------
@@ -203,8 +206,8 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
                     node.name,
                     _op(node),
                     kind,
-                    " + ".join(_device.dtype_name(d) for d in ins),
-                    _device.dtype_name(out),
+                    " + ".join(_abbr(d) for d in ins),
+                    _abbr(out),
                     source_line(node),
                 )
             )
@@ -251,8 +254,8 @@ class _DtypeRecorder(TorchDispatchMode):
                     self.phase,
                     name.removesuffix(".default"),
                     _change(name),
-                    " + ".join(_device.dtype_name(d) for d in ins),
-                    _device.dtype_name(outs[0].dtype),
+                    " + ".join(_abbr(d) for d in ins),
+                    _abbr(outs[0].dtype),
                     where,
                 )
             )
@@ -434,11 +437,12 @@ class SideBySide:
 
     def _repr_html_(self) -> str:
         cols = "".join(
-            f'<div class="mpguide-column"><p><strong>{escape(g.backend)}, {escape(self.which)}'
+            '<div class="mpguide-column" style="flex: 1 1 0; min-width: 0;">'
+            f"<p><strong>{escape(g.backend)}, {escape(self.which)}"
             f"</strong></p>{_pre(g.render(self.which))}</div>"
             for g in self.captures
         )
-        return f'<div class="mpguide-columns">{cols}</div>'
+        return f'<div class="mpguide-columns" style="display: flex; gap: 1rem;">{cols}</div>'
 
 
 def side_by_side(*captures: Graphs, which: str = "forward") -> SideBySide:

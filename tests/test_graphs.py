@@ -85,14 +85,14 @@ def test_dtype_flow_on_a_known_graph():
     flow = graphs.dtype_flow(gm)
     assert flow.column("op") == ["aten._to_copy", "aten._to_copy", "aten.add.Tensor"]
     assert flow.column("change") == ["conversion", "conversion", "promotion"]
-    assert flow.column("in") == ["float32", "bfloat16", "float32 + float64"]
-    assert flow.column("out") == ["bfloat16", "float32", "float64"]
+    assert flow.column("in") == ["f32", "bf16", "f32 + f64"]
+    assert flow.column("out") == ["bf16", "f32", "f64"]
 
 
 def test_dtype_flow_names_the_user_line():
     g = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
     flow = g.flow()
-    assert flow.column("out") == ["bfloat16", "float32"]
+    assert flow.column("out") == ["bf16", "f32"]
     assert all("in _round_trip: return x.to(torch.bfloat16)" in s for s in flow.column("user code"))
 
 
@@ -102,7 +102,7 @@ def test_backward_graph_is_captured_when_an_input_requires_grad():
     assert w.grad is None
     assert g.backward is not None
     assert "aten.cos.default" in _targets(g.backward)
-    assert g.flow("backward").column("out") == ["float32", "bfloat16", "float32"]
+    assert g.flow("backward").column("out") == ["f32", "bf16", "f32"]
     assert set(g.graphs()) == {"forward", "backward"}
 
 
@@ -171,8 +171,8 @@ def test_backward_graph_through_a_parameter_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         g = graphs.capture(lambda x: torch.relu(lin(x)), x, backend="aot_eager")
     assert lin.weight.grad is None and lin.bias.grad is None
-    assert g.flow().column("out") == ["bfloat16"] * 3
-    assert g.flow("backward").column("out") == ["float32", "float32"]
+    assert g.flow().column("out") == ["bf16"] * 3
+    assert g.flow("backward").column("out") == ["f32", "f32"]
 
 
 def test_eager_flow_records_autocast_casts_forward_and_backward():
@@ -181,7 +181,7 @@ def test_eager_flow_records_autocast_casts_forward_and_backward():
         flow = graphs.eager_flow(lambda x: lin(x), torch.randn(4, 16))
     assert flow.column("phase") == ["forward"] * 3 + ["backward"] * 2
     assert flow.column("op") == ["aten._to_copy"] * 5
-    assert flow.column("out") == ["bfloat16"] * 3 + ["float32"] * 2
+    assert flow.column("out") == ["bf16"] * 3 + ["f32"] * 2
     assert all("in <lambda>: flow = graphs.eager_flow" in s for s in flow.column("user code")[:3])
     assert lin.weight.grad is None
 
