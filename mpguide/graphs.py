@@ -425,6 +425,21 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     return Graphs(backend, fw[0], bw[0] if bw else None, tuple(code))
 
 
+_ASSIGNED_CONVERSION = re.compile(r"^\s*(?:auto\s+)?(tmp\d+)\s*=\s*.*(?:convert|\.to\()")
+
+
+def unused_conversions(kernel: str) -> list[str]:
+    """The lines of generated kernel code that convert a value to another dtype into a
+    temporary that nothing reads afterwards: a rounding the fused kernel computes and drops."""
+    lines = kernel.splitlines()
+    unused = []
+    for i, line in enumerate(lines):
+        m = _ASSIGNED_CONVERSION.match(line)
+        if m and not any(re.search(rf"\b{m[1]}\b", later) for later in lines[i + 1 :]):
+            unused.append(line.strip())
+    return unused
+
+
 @dataclass(frozen=True)
 class SideBySide:
     """Several captures' graphs in columns, for the eye."""

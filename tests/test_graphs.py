@@ -191,3 +191,27 @@ def test_backward_once_without_grad_does_nothing():
     w = torch.ones(3, requires_grad=True)
     assert graphs.backward_once((w * 2).sum()) is True
     assert w.grad is None
+
+
+def test_unused_conversions_finds_a_dropped_rounding():
+    kernel = """
+        auto tmp0 = load(in_ptr0);
+        auto tmp1 = at::vec::convert<at::BFloat16,1,float,2>(tmp0);
+        auto tmp2 = tmp0 * tmp3;
+        tmp2.store(out_ptr0);
+    """
+    assert graphs.unused_conversions(kernel) == [
+        "auto tmp1 = at::vec::convert<at::BFloat16,1,float,2>(tmp0);"
+    ]
+    triton = (
+        "    tmp1 = tmp0.to(tl.bfloat16)\n    tmp2 = tmp1.to(tl.float32)\n    tl.store(p, tmp2)"
+    )
+    assert graphs.unused_conversions(triton) == []
+
+
+def test_inductor_drops_a_bf16_round_trip_on_cpu_unless_emulating():
+    x = torch.randn(64)
+    plain = graphs.capture(_round_trip, x, backend="inductor")
+    emulated = graphs.capture(_round_trip, x, backend=graphs.EMULATE)
+    assert len(graphs.unused_conversions(plain.kernels()[0])) == 1
+    assert graphs.unused_conversions(emulated.kernels()[0]) == []
