@@ -91,8 +91,10 @@ print("conversion computed and never read:", *dropped, sep="\n  ")
 emulated = graphs.capture(round_trip, x, backend=graphs.EMULATE)
 (emulated_kernel,) = emulated.kernels()
 print(computing_lines(emulated_kernel))
-print(f"unused conversions: {len(dropped)} by default, "
-      f"{len(graphs.unused_conversions(emulated_kernel))} when emulating")
+print(
+    f"unused conversions: {len(dropped)} by default, "
+    f"{len(graphs.unused_conversions(emulated_kernel))} when emulating"
+)
 if dev.type == "cpu":
     assert len(dropped) == 1
     assert graphs.unused_conversions(emulated_kernel) == []
@@ -112,7 +114,9 @@ def rotary(q, cos, sin):
 angles = torch.randn(256, 64, device=dev, generator=gen)
 q = torch.randn(256, 64, device=dev, generator=gen).to(torch.bfloat16)
 cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
-rope = graphs.compare_backends(rotary, (q, cos, sin), backends=("eager", "inductor", graphs.EMULATE))
+rope = graphs.compare_backends(
+    rotary, (q, cos, sin), backends=("eager", "inductor", graphs.EMULATE)
+)
 rope
 
 # %%
