@@ -9,12 +9,16 @@ backend against a float64 reference.
   code that produced each; :func:`eager_flow` lists the same for an eager run.
 - :func:`compare_backends` runs one function under several backends and tabulates each
   output's dtype and error against a float64 reference.
+- :func:`torch_logs` runs a script with ``TORCH_LOGS`` switches and returns what each logged.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
+import sys
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
@@ -625,3 +629,32 @@ def compare_backends(
         outcomes.append(Outcome(b, dtypes, max_abs, max_rel, same, output=out))
     dev = next((t.device for t in tree_leaves(args) if isinstance(t, torch.Tensor)), None)
     return Comparison(tuple(outcomes), ref_name, _device.describe(dev))
+
+
+# -- TORCH_LOGS ------------------------------------------------------------------------------
+
+_LOG_LINE = re.compile(r"^[A-Z]\d{4} [\d:.]+ +\d+ \S+\] (?:\[[^\]]*\] )*\[__(\w+)\] ?(.*)$")
+
+
+def torch_logs(script: str, artifacts: Sequence[str], timeout: float = 600) -> dict[str, str]:
+    """Run ``script`` in a fresh Python with ``TORCH_LOGS`` set to ``artifacts`` (``graph_code``,
+    ``aot_graphs``, ``post_grad_graphs``, ``output_code``, ...) and return what each artifact
+    logged, its log prefixes taken off. Nothing in this process's logging changes."""
+    env = {**os.environ, "TORCH_LOGS": ",".join(artifacts)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MPGuideError(f"the script exited with status {proc.returncode}: {last}")
+    logged: dict[str, list[str]] = {a: [] for a in artifacts}
+    for line in proc.stderr.splitlines():
+        m = _LOG_LINE.match(line)
+        if m and m[1] in logged:
+            logged[m[1]].append(m[2])
+    return {a: "\n".join(lines) for a, lines in logged.items()}

@@ -215,3 +215,20 @@ def test_inductor_drops_a_bf16_round_trip_on_cpu_unless_emulating():
     emulated = graphs.capture(_round_trip, x, backend=graphs.EMULATE)
     assert len(graphs.unused_conversions(plain.kernels()[0])) == 1
     assert graphs.unused_conversions(emulated.kernels()[0]) == []
+
+
+def test_torch_logs_returns_each_artifact():
+    script = (
+        "import torch\n"
+        "f = torch.compile(lambda x: x.to(torch.bfloat16) * 2, backend='aot_eager')\n"
+        "f(torch.ones(4))\n"
+    )
+    logs = graphs.torch_logs(script, ["graph_code", "aot_graphs"])
+    assert "TRACED GRAPH" in logs["graph_code"]
+    assert "===== Forward graph 0 =====" in logs["aot_graphs"]
+    assert "bf16[4]" in logs["aot_graphs"] and "[__" not in logs["aot_graphs"]
+
+
+def test_torch_logs_names_a_failing_script():
+    with pytest.raises(MPGuideError, match="exited with status 1: ZeroDivisionError"):
+        graphs.torch_logs("1 / 0", ["graph_code"])
