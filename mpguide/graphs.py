@@ -636,11 +636,18 @@ def compare_backends(
 _LOG_LINE = re.compile(r"^[A-Z]\d{4} [\d:.]+ +\d+ \S+\] (?:\[[^\]]*\] )*\[__(\w+)\] ?(.*)$")
 
 
-def torch_logs(script: str, artifacts: Sequence[str], timeout: float = 600) -> dict[str, str]:
+def torch_logs(
+    script: str, artifacts: Sequence[str], cached: bool = True, timeout: float = 600
+) -> dict[str, str]:
     """Run ``script`` in a fresh Python with ``TORCH_LOGS`` set to ``artifacts`` (``graph_code``,
     ``aot_graphs``, ``post_grad_graphs``, ``output_code``, ...) and return what each artifact
-    logged, its log prefixes taken off. Nothing in this process's logging changes."""
+    logged, its log prefixes taken off. Nothing in this process's logging changes.
+
+    A compile served from torch.compile's caches skips stages and their logs; ``cached=False``
+    turns the caches off for the script so every stage runs and logs."""
     env = {**os.environ, "TORCH_LOGS": ",".join(artifacts)}
+    if not cached:
+        env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
     proc = subprocess.run(
         [sys.executable, "-c", script],
         env=env,
