@@ -25,19 +25,15 @@ device.describe(dev)
 # %%
 # The stages and their switches
 # -----------------------------
-# ============================  ==========================  =======================================
-# stage                         ``TORCH_LOGS`` artifact     in mpguide
-# ============================  ==========================  =======================================
-# Dynamo's traced graph         ``graph_code``              (the Python-level graph, no dtypes
-#                                                           changed yet)
-# AOTAutograd forward/backward  ``aot_graphs``              ``capture(fn, *args,
-#                                                           backend="aot_eager")``
-# after inductor's              ``aot_graphs`` (inductor    ``capture(fn, *args,
-# decompositions                backend)                    backend="inductor")``
-# after inductor's post-grad    ``post_grad_graphs``        \\-
-# passes
-# generated code                ``output_code``             ``capture(...).code``, ``.kernels()``
-# ============================  ==========================  =======================================
+# - Dynamo's traced graph, ``TORCH_LOGS=graph_code``: your Python calls as traced; the place to
+#   look for graph breaks.
+# - AOTAutograd's forward and backward graphs, ``TORCH_LOGS=aot_graphs``: ATen ops after
+#   autocast and functionalization; :func:`mpguide.graphs.capture` with ``backend="aot_eager"``.
+# - The same after inductor's decompositions, the graphs inductor lowers: ``aot_graphs`` with the
+#   inductor backend; ``capture`` with ``backend="inductor"``.
+# - After inductor's post-grad passes, ``TORCH_LOGS=post_grad_graphs``.
+# - The generated code, ``TORCH_LOGS=output_code``; ``capture(..., backend="inductor").code``
+#   and ``.kernels()``.
 #
 # We run one script with all four switches in a fresh Python, as you would run your own
 # training script, and split what it logs by artifact with :func:`mpguide.graphs.torch_logs`.
