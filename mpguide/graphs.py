@@ -585,15 +585,26 @@ def _reference(
     fn: Callable[..., Any], args: Sequence[Any], reference: torch.dtype | Callable[..., Any]
 ) -> tuple[Any, str]:
     if callable(reference) and not isinstance(reference, torch.dtype):
+        call, name = reference, getattr(reference, "__name__", "the reference")
+    else:
+        dt = _device.dtype(reference)
+
+        def cast(x):
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                return x.detach().to(dt)
+            return x
+
+        def call(*a):
+            return fn(*tree_map(cast, tuple(a)))
+
+        name = f"{_device.dtype_name(dt)} eager"
+    try:
         with torch.no_grad():
-            return reference(*args), f"{getattr(reference, '__name__', 'the reference')}"
-    dt = _device.dtype(reference)
-
-    def cast(x):
-        return x.detach().to(dt) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
-    with torch.no_grad():
-        return fn(*tree_map(cast, tuple(args))), f"{_device.dtype_name(dt)} eager"
+            return call(*args), name
+    except Exception as err:  # noqa: BLE001 -- named in one line for the reader
+        raise MPGuideError(
+            f"the reference ({name}) raised {_one_line(err)}; pass reference= a function"
+        ) from None
 
 
 def compare_backends(

@@ -232,3 +232,8 @@ def test_torch_logs_returns_each_artifact():
 def test_torch_logs_names_a_failing_script():
     with pytest.raises(MPGuideError, match="exited with status 1: ZeroDivisionError"):
         graphs.torch_logs("1 / 0", ["graph_code"])
+
+
+def test_a_reference_that_raises_is_a_one_line_error():
+    with pytest.raises(MPGuideError, match=r"the reference \(float64 eager\) raised RuntimeError"):
+        graphs.compare_backends(_matmul_out_fp32, _issue_inputs(), backends=("eager",))

@@ -65,6 +65,14 @@ aot.flow()
 # %%
 aot.flow("backward")
 
+# %%
+forward_rows, backward_rows = aot.flow().records(), aot.flow("backward").records()
+assert [(r["in"], r["out"]) for r in forward_rows[:3]] == [("f32", "bf16")] * 3
+(backward_output,) = [n for n in aot.backward.graph.nodes if n.op == "output"]
+returned = {a.name for a in backward_output.args[0] if a is not None}
+assert [(r["in"], r["out"]) for r in backward_rows[-2:]] == [("bf16", "f32")] * 2
+assert {r["node"] for r in backward_rows[-2:]} <= returned
+
 
 # %%
 # We compare the conversions, as (from, to) pairs, phase by phase.
