@@ -1,7 +1,7 @@
 """Capture the graphs ``torch.compile`` backends run, follow their dtypes, and measure each
 backend against a float64 reference.
 
-- :func:`capture` gives the forward graph and (when an input requires grad) the backward graph
+- :func:`capture` gives the forward graph and (when the output requires grad) the backward graph
   AOTAutograd produces for a backend: for ``aot_eager`` the plain ATen graphs, for ``inductor``
   the graphs after inductor's decompositions, as inductor receives them to lower, with the code
   inductor generated from them.
