@@ -146,18 +146,24 @@ def source_line(node: torch.fx.Node) -> str:
     return f"{path.rsplit('/', 1)[-1]}:{line} in {func}: {code.strip()}"
 
 
-def render(gm: torch.fx.GraphModule, name: str = "forward") -> str:
+def render(gm: torch.fx.GraphModule, name: str = "forward", compact: bool = False) -> str:
     """The graph as readable code, one node per line with its dtype and shape, and a comment
-    with the user line each group of nodes comes from."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    params = ", ".join(f"{n.name}: {node_type(n)}" for n in placeholders)
-    lines = [f"def {name}({params}):"]
+    with the user line each group of nodes comes from. ``compact`` keeps only each node's dtype,
+    shape and op, to set graphs side by side."""
+    params = [f"{n.name}: {node_type(n)}" for n in gm.graph.nodes if n.op == "placeholder"]
+    if compact:
+        lines = [f"def {name}(", *(f"    {p}," for p in params), "):"]
+    else:
+        lines = [f"def {name}({', '.join(params)}):"]
     last_source = None
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             continue
         if node.op == "output":
             lines.append(f"    return {_arg(node.args[0])}")
+            continue
+        if compact:
+            lines.append(f"    {node_type(node):<18} {_op(node).split('.', 1)[-1]}")
             continue
         src = source_line(node)
         if src and src != last_source:
@@ -302,9 +308,9 @@ class Graphs:
             out["backward"] = self.backward
         return out
 
-    def render(self, which: str = "forward") -> str:
+    def render(self, which: str = "forward", compact: bool = False) -> str:
         """One graph as readable code (see :func:`render`)."""
-        return render(self._pick(which), which)
+        return render(self._pick(which), which, compact)
 
     def flow(self, which: str = "forward") -> Table:
         """The dtype changes of one graph (see :func:`dtype_flow`)."""
@@ -446,19 +452,21 @@ def unused_conversions(kernel: str) -> list[str]:
 
 @dataclass(frozen=True)
 class SideBySide:
-    """Several captures' graphs in columns, for the eye."""
+    """Several captures' graphs in columns, compact (see :func:`render`), for the eye."""
 
     captures: tuple[Graphs, ...]
     which: str = "forward"
 
     def __repr__(self) -> str:
-        return "\n\n".join(f"# {g.backend}\n{g.render(self.which)}" for g in self.captures)
+        return "\n\n".join(
+            f"# {g.backend}\n{g.render(self.which, compact=True)}" for g in self.captures
+        )
 
     def _repr_html_(self) -> str:
         cols = "".join(
             '<div class="mpguide-column" style="flex: 1 1 0; min-width: 0;">'
             f"<p><strong>{escape(g.backend)}, {escape(self.which)}"
-            f"</strong></p>{_pre(g.render(self.which))}</div>"
+            f"</strong></p>{_pre(g.render(self.which, compact=True))}</div>"
             for g in self.captures
         )
         return f'<div class="mpguide-columns" style="display: flex; gap: 1rem;">{cols}</div>'

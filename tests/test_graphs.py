@@ -237,3 +237,12 @@ def test_torch_logs_names_a_failing_script():
 def test_a_reference_that_raises_is_a_one_line_error():
     with pytest.raises(MPGuideError, match=r"the reference \(float64 eager\) raised RuntimeError"):
         graphs.compare_backends(_matmul_out_fp32, _issue_inputs(), backends=("eager",))
+
+
+def test_compact_render_keeps_dtype_shape_and_op():
+    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="aot_eager")
+    lines = g.render(compact=True).splitlines()
+    assert lines[:2] == ["def forward(", "    arg0_1: bf16[32, 7, 1, 8],"]
+    assert "    bf16[224, 1, 1]    bmm" in lines
+    assert not any(ln.lstrip().startswith("#") for ln in lines)
+    assert "bmm" in repr(graphs.side_by_side(g))

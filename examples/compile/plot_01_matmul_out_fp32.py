@@ -62,11 +62,16 @@ assert eager_error is not None and "Expected out tensor to have dtype" in eager_
 # --------------------------------
 # :func:`mpguide.graphs.capture` compiles the function with a backend and keeps the graphs
 # AOTAutograd produced for it: the plain ATen graph for ``aot_eager``, the graph after inductor's
-# decompositions for inductor, which is what inductor lowers to kernels. Every node shows its
-# dtype and shape.
+# decompositions for inductor, which is what inductor lowers to kernels. Side by side, each node
+# shows its dtype, shape and op.
 aot = graphs.capture(matmul_into_fp32, x, y, bias, backend="aot_eager")
 ind = graphs.capture(matmul_into_fp32, x, y, bias, backend="inductor")
 graphs.side_by_side(aot, ind)
+
+# %%
+# In full, with each node's arguments and the line of our code it came from, inductor's graph
+# reads:
+ind
 
 
 # %%
