@@ -124,8 +124,9 @@ table = graphs.compare_backends(matmul_into_fp32, (x, y, bias), reference=exact)
 table
 
 # %%
-# ``aot_eager`` carries the error of one bf16 rounding of the product; plain inductor is at
-# float32 accuracy, although its graph has the rounding to bf16: the fused kernel adds the bias
+# ``aot_eager`` carries the error of one bf16 rounding of the product. Where inductor rewrote the
+# ``bmm`` (the CPU), plain inductor is at float32 accuracy, although its graph has the rounding
+# to bf16: the fused kernel adds the bias
 # to the float32 sum and the rounded copy is never used. With
 # ``torch._inductor.config.emulate_precision_casts`` the kernel keeps the rounding and the
 # result equals ``aot_eager`` bit for bit.
@@ -135,7 +136,8 @@ err = {o.backend: o.max_abs for o in table.outcomes}
 print(", ".join(f"{b}: max abs error {e:.3g}" for b, e in err.items() if e is not None))
 assert table["eager"].error.startswith("RuntimeError: Expected out tensor to have dtype")
 assert all(o.dtype == "float32" for o in table.outcomes[1:])
-assert err["inductor"] < err["aot_eager"] / 100
+if decomposed:
+    assert err["inductor"] < err["aot_eager"] / 100
 assert err["aot_eager"] > fp32_eps
 emulated_same = torch.equal(table[graphs.EMULATE].output, table["aot_eager"].output)
 print(f"inductor + emulate_precision_casts equals aot_eager bit for bit: {emulated_same}")
@@ -147,9 +149,11 @@ if dev.type == "cpu":
 # -----------
 # - On this torch, eager raises for a bf16 matmul written into a float32 ``out=``.
 # - ``aot_eager`` runs the ``bmm`` in bf16 and copies the rounded product into float32.
-# - Inductor's decompositions turn the small ``bmm`` into a float32 multiply-and-sum; its graph
-#   still rounds the sum to bf16, but the fused kernel uses the float32 sum, so inductor's
-#   result is the most accurate of the three by more than a factor of 100.
+# - On the CPU, inductor's decompositions turn this batch of dot products into a float32
+#   multiply-and-sum; the graph still rounds the sum to bf16, but the fused kernel uses the
+#   float32 sum, so inductor's result is the most accurate of the three by more than a factor of
+#   100. Whether the rewrite happens depends on the device: the cell above prints it for this
+#   build.
 # - ``emulate_precision_casts`` brings the rounding back (and, on the CPU, ``aot_eager``'s exact
 #   bits).
 #

@@ -7,7 +7,8 @@ the dtype changes eager PyTorch makes for a small linear-softmax block under aut
 backward, and compare them with the graphs AOTAutograd builds for ``aot_eager`` and inductor.
 Autocast leaves no trace of itself in the graphs: its casts are traced in as ordinary conversions
 at the same places as in eager, the backward graph casts the gradients back to the parameters'
-float32, and inductor adds conversions of its own around the ops it computes in float32.
+float32, and inductor (on the CPU) adds conversions of its own around the ops it computes in
+float32.
 """
 
 # %%
@@ -100,8 +101,8 @@ assert autocast_nodes == []
 # Inductor's graphs
 # -----------------
 # Inductor's decompositions add conversions of their own: an op that inductor computes in
-# float32 (the softmax here, when it runs on bf16) is wrapped in a conversion to float32 and one
-# back, on top of autocast's casts.
+# float32 (the softmax here, when autocast leaves it in bf16, as on the CPU) is wrapped in a
+# conversion to float32 and one back, on top of autocast's casts.
 with autocast:
     ind = graphs.capture(block, x, backend="inductor")
 ind.flow()
@@ -123,14 +124,16 @@ for pair in set(conversions(aot.flow())):
     assert ind_forward.count(pair) >= conversions(aot.flow()).count(pair)
 for pair in set(conversions(aot.flow("backward"))):
     assert ind_backward.count(pair) >= conversions(aot.flow("backward")).count(pair)
-assert extra > 0
+if dev.type == "cpu":
+    assert extra > 0
 
 
 # %%
 # The outputs
 # -----------
-# Under autocast, the three backends return bf16, and ``aot_eager`` gives eager's bits. The
-# reference is the block in float64 with autocast turned off.
+# Under autocast, the three backends return the dtype eager returns (bf16 on the CPU, where
+# autocast leaves the softmax alone), and ``aot_eager`` gives eager's bits. The reference is the
+# block in float64 with autocast turned off.
 def block_fp64(x):
     with torch.autocast(dev.type, enabled=False):
         weight, bias = linear.weight.double(), linear.bias.double()
@@ -144,8 +147,10 @@ with autocast:
 outputs
 
 # %%
-assert all(o.dtype == "bfloat16" for o in outputs.outcomes)
+assert all(o.dtype == outputs["eager"].dtype for o in outputs.outcomes)
 assert outputs["aot_eager"].equals_eager
+if dev.type == "cpu":
+    assert outputs["eager"].dtype == "bfloat16"
 
 # %%
 # What we saw
@@ -153,8 +158,8 @@ assert outputs["aot_eager"].equals_eager
 # - Autocast wrapping a compiled function is traced into the graphs: no autocast node, only
 #   conversions, the same ones eager makes, in the forward and in the backward graph.
 # - The backward graph casts the gradients of float32 parameters back to float32.
-# - Inductor's graphs add their own conversions around the ops its decompositions compute in
-#   float32; ``aot_eager`` matches eager bit for bit.
+# - Inductor's graphs keep those conversions and, on the CPU, add their own around the ops its
+#   decompositions compute in float32; ``aot_eager`` matches eager bit for bit.
 #
 # .. admonition:: References
 #
