@@ -6,8 +6,8 @@ What precision does ``torch.matmul(x_bf16, y_bf16, out=fp32_tensor) + bias_bf16`
 We run it eagerly, under ``torch.compile(backend="aot_eager")`` and under inductor, capture the
 graphs AOTAutograd hands each backend, follow their dtypes, and measure every result against the
 float64 product of the same bf16 values. Eager refuses the call, ``aot_eager`` rounds the product
-to bf16 before copying it into float32, and inductor, after rewriting the small batched matmul as
-a float32 multiply-and-sum, keeps the product in float32.
+to bf16 before copying it into float32, and inductor on the CPU, after rewriting the small batched
+matmul as a float32 multiply-and-sum, keeps the product in float32.
 """
 
 # %%

@@ -4,9 +4,9 @@ Roundings that inductor skips
 
 Does inductor round where eager rounds? We compile a float32 -> bf16 -> float32 round trip and a
 bf16 rotary embedding, look at the kernel inductor generates, and measure eager, inductor and
-inductor with ``torch._inductor.config.emulate_precision_casts`` against float64. Inductor keeps
-intermediates of a fused kernel in float32 and drops the roundings in between, which brings it
-closer to float64 than eager; ``emulate_precision_casts`` puts the roundings back.
+inductor with ``torch._inductor.config.emulate_precision_casts`` against float64. On the CPU,
+inductor keeps intermediates of a fused kernel in float32 and drops the roundings in between, which
+brings it closer to float64 than eager; ``emulate_precision_casts`` puts the roundings back.
 """
 
 # %%
