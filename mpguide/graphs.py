@@ -1,7 +1,7 @@
 """Capture the graphs ``torch.compile`` backends run, follow their dtypes, and measure each
 backend against a float64 reference.
 
-- :func:`capture` gives the forward graph and (when an input requires grad) the backward graph
+- :func:`capture` gives the forward graph and (when the output requires grad) the backward graph
   AOTAutograd produces for a backend: for ``aot_eager`` the plain ATen graphs, for ``inductor``
   the graphs after inductor's decompositions, as inductor receives them to lower, with the code
   inductor generated from them.
@@ -9,12 +9,16 @@ backend against a float64 reference.
   code that produced each; :func:`eager_flow` lists the same for an eager run.
 - :func:`compare_backends` runs one function under several backends and tabulates each
   output's dtype and error against a float64 reference.
+- :func:`torch_logs` runs a script with ``TORCH_LOGS`` switches and returns what each logged.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
+import sys
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
@@ -142,18 +146,24 @@ def source_line(node: torch.fx.Node) -> str:
     return f"{path.rsplit('/', 1)[-1]}:{line} in {func}: {code.strip()}"
 
 
-def render(gm: torch.fx.GraphModule, name: str = "forward") -> str:
+def render(gm: torch.fx.GraphModule, name: str = "forward", compact: bool = False) -> str:
     """The graph as readable code, one node per line with its dtype and shape, and a comment
-    with the user line each group of nodes comes from."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    params = ", ".join(f"{n.name}: {node_type(n)}" for n in placeholders)
-    lines = [f"def {name}({params}):"]
+    with the user line each group of nodes comes from. ``compact`` keeps only each node's dtype,
+    shape and op, to set graphs side by side."""
+    params = [f"{n.name}: {node_type(n)}" for n in gm.graph.nodes if n.op == "placeholder"]
+    if compact:
+        lines = [f"def {name}(", *(f"    {p}," for p in params), "):"]
+    else:
+        lines = [f"def {name}({', '.join(params)}):"]
     last_source = None
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             continue
         if node.op == "output":
             lines.append(f"    return {_arg(node.args[0])}")
+            continue
+        if compact:
+            lines.append(f"    {node_type(node):<18} {_op(node).split('.', 1)[-1]}")
             continue
         src = source_line(node)
         if src and src != last_source:
@@ -166,7 +176,10 @@ def render(gm: torch.fx.GraphModule, name: str = "forward") -> str:
 
 
 def _pre(text: str) -> str:
-    return f'<pre class="mpguide-graph">{escape(text)}</pre>'
+    return (
+        '<pre class="mpguide-graph" style="font-size: 0.72rem; overflow-x: auto; '
+        f'white-space: pre;">{escape(text)}</pre>'
+    )
 
 
 # -- dtype flow ------------------------------------------------------------------------------
@@ -203,8 +216,8 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
                     node.name,
                     _op(node),
                     kind,
-                    " + ".join(_device.dtype_name(d) for d in ins),
-                    _device.dtype_name(out),
+                    " + ".join(_abbr(d) for d in ins),
+                    _abbr(out),
                     source_line(node),
                 )
             )
@@ -251,8 +264,8 @@ class _DtypeRecorder(TorchDispatchMode):
                     self.phase,
                     name.removesuffix(".default"),
                     _change(name),
-                    " + ".join(_device.dtype_name(d) for d in ins),
-                    _device.dtype_name(outs[0].dtype),
+                    " + ".join(_abbr(d) for d in ins),
+                    _abbr(outs[0].dtype),
                     where,
                 )
             )
@@ -295,9 +308,9 @@ class Graphs:
             out["backward"] = self.backward
         return out
 
-    def render(self, which: str = "forward") -> str:
+    def render(self, which: str = "forward", compact: bool = False) -> str:
         """One graph as readable code (see :func:`render`)."""
-        return render(self._pick(which), which)
+        return render(self._pick(which), which, compact)
 
     def flow(self, which: str = "forward") -> Table:
         """The dtype changes of one graph (see :func:`dtype_flow`)."""
@@ -422,23 +435,41 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     return Graphs(backend, fw[0], bw[0] if bw else None, tuple(code))
 
 
+_ASSIGNED_CONVERSION = re.compile(r"^\s*(?:auto\s+)?(tmp\d+)\s*=\s*.*(?:convert|\.to\()")
+
+
+def unused_conversions(kernel: str) -> list[str]:
+    """The lines of generated kernel code that convert a value to another dtype into a
+    temporary that nothing reads afterwards: a rounding the fused kernel computes and drops."""
+    lines = kernel.splitlines()
+    unused = []
+    for i, line in enumerate(lines):
+        m = _ASSIGNED_CONVERSION.match(line)
+        if m and not any(re.search(rf"\b{m[1]}\b", later) for later in lines[i + 1 :]):
+            unused.append(line.strip())
+    return unused
+
+
 @dataclass(frozen=True)
 class SideBySide:
-    """Several captures' graphs in columns, for the eye."""
+    """Several captures' graphs in columns, compact (see :func:`render`), for the eye."""
 
     captures: tuple[Graphs, ...]
     which: str = "forward"
 
     def __repr__(self) -> str:
-        return "\n\n".join(f"# {g.backend}\n{g.render(self.which)}" for g in self.captures)
+        return "\n\n".join(
+            f"# {g.backend}\n{g.render(self.which, compact=True)}" for g in self.captures
+        )
 
     def _repr_html_(self) -> str:
         cols = "".join(
-            f'<div class="mpguide-column"><p><strong>{escape(g.backend)}, {escape(self.which)}'
-            f"</strong></p>{_pre(g.render(self.which))}</div>"
+            '<div class="mpguide-column" style="flex: 1 1 0; min-width: 0;">'
+            f"<p><strong>{escape(g.backend)}, {escape(self.which)}"
+            f"</strong></p>{_pre(g.render(self.which, compact=True))}</div>"
             for g in self.captures
         )
-        return f'<div class="mpguide-columns">{cols}</div>'
+        return f'<div class="mpguide-columns" style="display: flex; gap: 1rem;">{cols}</div>'
 
 
 def side_by_side(*captures: Graphs, which: str = "forward") -> SideBySide:
@@ -562,15 +593,26 @@ def _reference(
     fn: Callable[..., Any], args: Sequence[Any], reference: torch.dtype | Callable[..., Any]
 ) -> tuple[Any, str]:
     if callable(reference) and not isinstance(reference, torch.dtype):
+        call, name = reference, getattr(reference, "__name__", "the reference")
+    else:
+        dt = _device.dtype(reference)
+
+        def cast(x):
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                return x.detach().to(dt)
+            return x
+
+        def call(*a):
+            return fn(*tree_map(cast, tuple(a)))
+
+        name = f"{_device.dtype_name(dt)} eager"
+    try:
         with torch.no_grad():
-            return reference(*args), f"{getattr(reference, '__name__', 'the reference')}"
-    dt = _device.dtype(reference)
-
-    def cast(x):
-        return x.detach().to(dt) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
-    with torch.no_grad():
-        return fn(*tree_map(cast, tuple(args))), f"{_device.dtype_name(dt)} eager"
+            return call(*args), name
+    except Exception as err:  # noqa: BLE001 -- named in one line for the reader
+        raise MPGuideError(
+            f"the reference ({name}) raised {_one_line(err)}; pass reference= a function"
+        ) from None
 
 
 def compare_backends(
@@ -606,3 +648,39 @@ def compare_backends(
         outcomes.append(Outcome(b, dtypes, max_abs, max_rel, same, output=out))
     dev = next((t.device for t in tree_leaves(args) if isinstance(t, torch.Tensor)), None)
     return Comparison(tuple(outcomes), ref_name, _device.describe(dev))
+
+
+# -- TORCH_LOGS ------------------------------------------------------------------------------
+
+_LOG_LINE = re.compile(r"^[A-Z]\d{4} [\d:.]+ +\d+ \S+\] (?:\[[^\]]*\] )*\[__(\w+)\] ?(.*)$")
+
+
+def torch_logs(
+    script: str, artifacts: Sequence[str], cached: bool = True, timeout: float = 600
+) -> dict[str, str]:
+    """Run ``script`` in a fresh Python with ``TORCH_LOGS`` set to ``artifacts`` (``graph_code``,
+    ``aot_graphs``, ``post_grad_graphs``, ``output_code``, ...) and return what each artifact
+    logged, its log prefixes taken off. Nothing in this process's logging changes.
+
+    A compile served from torch.compile's caches skips stages and their logs; ``cached=False``
+    turns the caches off for the script so every stage runs and logs."""
+    env = {**os.environ, "TORCH_LOGS": ",".join(artifacts)}
+    if not cached:
+        env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MPGuideError(f"the script exited with status {proc.returncode}: {last}")
+    logged: dict[str, list[str]] = {a: [] for a in artifacts}
+    for line in proc.stderr.splitlines():
+        m = _LOG_LINE.match(line)
+        if m and m[1] in logged:
+            logged[m[1]].append(m[2])
+    return {a: "\n".join(lines) for a, lines in logged.items()}

@@ -85,14 +85,14 @@ def test_dtype_flow_on_a_known_graph():
     flow = graphs.dtype_flow(gm)
     assert flow.column("op") == ["aten._to_copy", "aten._to_copy", "aten.add.Tensor"]
     assert flow.column("change") == ["conversion", "conversion", "promotion"]
-    assert flow.column("in") == ["float32", "bfloat16", "float32 + float64"]
-    assert flow.column("out") == ["bfloat16", "float32", "float64"]
+    assert flow.column("in") == ["f32", "bf16", "f32 + f64"]
+    assert flow.column("out") == ["bf16", "f32", "f64"]
 
 
 def test_dtype_flow_names_the_user_line():
     g = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
     flow = g.flow()
-    assert flow.column("out") == ["bfloat16", "float32"]
+    assert flow.column("out") == ["bf16", "f32"]
     assert all("in _round_trip: return x.to(torch.bfloat16)" in s for s in flow.column("user code"))
 
 
@@ -102,7 +102,7 @@ def test_backward_graph_is_captured_when_an_input_requires_grad():
     assert w.grad is None
     assert g.backward is not None
     assert "aten.cos.default" in _targets(g.backward)
-    assert g.flow("backward").column("out") == ["float32", "bfloat16", "float32"]
+    assert g.flow("backward").column("out") == ["f32", "bf16", "f32"]
     assert set(g.graphs()) == {"forward", "backward"}
 
 
@@ -171,8 +171,8 @@ def test_backward_graph_through_a_parameter_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         g = graphs.capture(lambda x: torch.relu(lin(x)), x, backend="aot_eager")
     assert lin.weight.grad is None and lin.bias.grad is None
-    assert g.flow().column("out") == ["bfloat16"] * 3
-    assert g.flow("backward").column("out") == ["float32", "float32"]
+    assert g.flow().column("out") == ["bf16"] * 3
+    assert g.flow("backward").column("out") == ["f32", "f32"]
 
 
 def test_eager_flow_records_autocast_casts_forward_and_backward():
@@ -181,7 +181,7 @@ def test_eager_flow_records_autocast_casts_forward_and_backward():
         flow = graphs.eager_flow(lambda x: lin(x), torch.randn(4, 16))
     assert flow.column("phase") == ["forward"] * 3 + ["backward"] * 2
     assert flow.column("op") == ["aten._to_copy"] * 5
-    assert flow.column("out") == ["bfloat16"] * 3 + ["float32"] * 2
+    assert flow.column("out") == ["bf16"] * 3 + ["f32"] * 2
     assert all("in <lambda>: flow = graphs.eager_flow" in s for s in flow.column("user code")[:3])
     assert lin.weight.grad is None
 
@@ -191,3 +191,58 @@ def test_backward_once_without_grad_does_nothing():
     w = torch.ones(3, requires_grad=True)
     assert graphs.backward_once((w * 2).sum()) is True
     assert w.grad is None
+
+
+def test_unused_conversions_finds_a_dropped_rounding():
+    kernel = """
+        auto tmp0 = load(in_ptr0);
+        auto tmp1 = at::vec::convert<at::BFloat16,1,float,2>(tmp0);
+        auto tmp2 = tmp0 * tmp3;
+        tmp2.store(out_ptr0);
+    """
+    assert graphs.unused_conversions(kernel) == [
+        "auto tmp1 = at::vec::convert<at::BFloat16,1,float,2>(tmp0);"
+    ]
+    triton = (
+        "    tmp1 = tmp0.to(tl.bfloat16)\n    tmp2 = tmp1.to(tl.float32)\n    tl.store(p, tmp2)"
+    )
+    assert graphs.unused_conversions(triton) == []
+
+
+def test_inductor_drops_a_bf16_round_trip_on_cpu_unless_emulating():
+    x = torch.randn(64)
+    plain = graphs.capture(_round_trip, x, backend="inductor")
+    emulated = graphs.capture(_round_trip, x, backend=graphs.EMULATE)
+    assert len(graphs.unused_conversions(plain.kernels()[0])) == 1
+    assert graphs.unused_conversions(emulated.kernels()[0]) == []
+
+
+def test_torch_logs_returns_each_artifact():
+    script = (
+        "import torch\n"
+        "f = torch.compile(lambda x: x.to(torch.bfloat16) * 2, backend='aot_eager')\n"
+        "f(torch.ones(4))\n"
+    )
+    logs = graphs.torch_logs(script, ["graph_code", "aot_graphs"])
+    assert "TRACED GRAPH" in logs["graph_code"]
+    assert "===== Forward graph 0 =====" in logs["aot_graphs"]
+    assert "bf16[4]" in logs["aot_graphs"] and "[__" not in logs["aot_graphs"]
+
+
+def test_torch_logs_names_a_failing_script():
+    with pytest.raises(MPGuideError, match="exited with status 1: ZeroDivisionError"):
+        graphs.torch_logs("1 / 0", ["graph_code"])
+
+
+def test_a_reference_that_raises_is_a_one_line_error():
+    with pytest.raises(MPGuideError, match=r"the reference \(float64 eager\) raised RuntimeError"):
+        graphs.compare_backends(_matmul_out_fp32, _issue_inputs(), backends=("eager",))
+
+
+def test_compact_render_keeps_dtype_shape_and_op():
+    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="aot_eager")
+    lines = g.render(compact=True).splitlines()
+    assert lines[:2] == ["def forward(", "    arg0_1: bf16[32, 7, 1, 8],"]
+    assert "    bf16[224, 1, 1]    bmm" in lines
+    assert not any(ln.lstrip().startswith("#") for ln in lines)
+    assert "bmm" in repr(graphs.side_by_side(g))

@@ -1,0 +1,153 @@
+"""
+Roundings that inductor skips
+=============================
+
+Does inductor round where eager rounds? We compile a float32 -> bf16 -> float32 round trip and a
+bf16 rotary embedding, look at the kernel inductor generates, and measure eager, inductor and
+inductor with ``torch._inductor.config.emulate_precision_casts`` against float64. On the CPU,
+inductor keeps intermediates of a fused kernel in float32 and drops the roundings in between, which
+brings it closer to float64 than eager; ``emulate_precision_casts`` puts the roundings back.
+"""
+
+# %%
+# Setup
+# -----
+# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# else the CPU.
+import torch
+
+from mpguide import device, graphs
+
+dev = device.pick()
+device.describe(dev)
+
+
+# %%
+# A round trip through bf16
+# -------------------------
+# The function rounds its float32 input to bf16, widens it back and scales it. The reference is
+# the same arithmetic in float64 *without* the rounding: it measures how far each backend lands
+# from the exact value, not which one obeys the code.
+def round_trip(x):
+    return x.to(torch.bfloat16).to(torch.float32) * 3.0
+
+
+def round_trip_exact(x):
+    return x.double() * 3.0
+
+
+gen = torch.Generator(device=dev).manual_seed(0)
+x = torch.randn(4096, device=dev, generator=gen)
+trip = graphs.compare_backends(
+    round_trip, (x,), backends=("eager", "inductor", graphs.EMULATE), reference=round_trip_exact
+)
+trip
+
+# %%
+# Eager rounds, so its relative error is that of one bf16 rounding, up to half a bf16 ulp. On the
+# CPU, inductor's result sits at float32 accuracy: the rounding is gone; with
+# ``emulate_precision_casts`` inductor equals eager bit for bit. The assertions below check both
+# on the CPU; on a GPU the printed numbers say what this build's device did.
+bf16_half_ulp = torch.finfo(torch.bfloat16).eps / 2
+fp32_eps = torch.finfo(torch.float32).eps
+rel = {o.backend: o.max_rel for o in trip.outcomes}
+print(", ".join(f"{b}: max rel error {e:.3g}" for b, e in rel.items()))
+print(f"(bf16 half ulp {bf16_half_ulp:.3g}, float32 eps {fp32_eps:.3g})")
+assert 100 * fp32_eps < rel["eager"] <= bf16_half_ulp
+emulates = trip[graphs.EMULATE].equals_eager
+print(f"on {dev.type}, emulate_precision_casts reproduces eager bit for bit: {emulates}")
+if dev.type == "cpu":
+    assert rel["inductor"] <= fp32_eps
+    assert emulates
+    assert trip["inductor"].equals_eager is False
+
+# %%
+# Where the rounding goes
+# -----------------------
+# The graph inductor lowers still has both ``convert_element_type`` nodes.
+plain = graphs.capture(round_trip, x, backend="inductor")
+converts = [n for n in plain.forward.graph.nodes if "convert_element_type" in str(n.target)]
+print(plain.render())
+assert [n.meta["val"].dtype for n in converts] == [torch.bfloat16, torch.float32]
+
+# %%
+# In the fused kernel inductor generated, the value is converted to bf16 into a temporary that
+# nothing reads: the multiply uses the float32 input. :func:`mpguide.graphs.unused_conversions`
+# finds such lines. We print the kernel's lines that compute values (``tmp`` variables).
+import re
+
+
+def computing_lines(kernel):
+    return "\n".join(ln.strip() for ln in kernel.splitlines() if re.search(r"\btmp\d", ln))
+
+
+(kernel,) = plain.kernels()
+dropped = graphs.unused_conversions(kernel)
+print(computing_lines(kernel))
+print("conversion computed and never read:", *dropped, sep="\n  ")
+
+# %%
+# With ``emulate_precision_casts`` the kernel converts back from bf16 and multiplies the rounded
+# value.
+emulated = graphs.capture(round_trip, x, backend=graphs.EMULATE)
+(emulated_kernel,) = emulated.kernels()
+print(computing_lines(emulated_kernel))
+print(
+    f"unused conversions: {len(dropped)} by default, "
+    f"{len(graphs.unused_conversions(emulated_kernel))} when emulating"
+)
+if dev.type == "cpu":
+    assert len(dropped) == 1
+    assert graphs.unused_conversions(emulated_kernel) == []
+
+
+# %%
+# A case that matters: rotary embeddings in bf16
+# ----------------------------------------------
+# Rotary position embeddings multiply a bf16 query by bf16 cosines and sines and add the two
+# products. Eager rounds each product to bf16 before the addition; inductor fuses the three ops
+# and rounds once. The reference is the same function on the same bf16 values in float64.
+def rotary(q, cos, sin):
+    q1, q2 = q.chunk(2, dim=-1)
+    return q * cos + torch.cat((-q2, q1), dim=-1) * sin
+
+
+angles = torch.randn(256, 64, device=dev, generator=gen)
+q = torch.randn(256, 64, device=dev, generator=gen).to(torch.bfloat16)
+cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+rope = graphs.compare_backends(
+    rotary, (q, cos, sin), backends=("eager", "inductor", graphs.EMULATE)
+)
+rope
+
+# %%
+# On the CPU, inductor's output is closer to float64 than eager's (asserted there; printed on
+# every device). The relative error is large where the two products nearly cancel and the exact
+# result is close to zero, so the absolute error is the better summary here.
+abs_err = {o.backend: o.max_abs for o in rope.outcomes}
+print(", ".join(f"{b}: max abs error {e:.3g}" for b, e in abs_err.items()))
+closer = min(abs_err, key=abs_err.get)
+print(f"closest to float64: {closer}")
+assert all(o.dtype == "bfloat16" for o in rope.outcomes)
+if dev.type == "cpu":
+    assert closer == "inductor"
+    assert rope[graphs.EMULATE].equals_eager
+
+# %%
+# What we saw
+# -----------
+# - On the CPU, inductor drops the bf16 rounding of a round trip inside a fused kernel: the graph
+#   has the ``convert_element_type`` nodes, the kernel computes the bf16 value and never reads
+#   it.
+# - Without the roundings inductor is closer to float64 than eager, for the round trip and for
+#   bf16 rotary embeddings (asserted on the CPU, printed above for this build's device).
+# - ``torch._inductor.config.emulate_precision_casts`` restores the roundings; on the CPU of this
+#   torch the result then equals eager bit for bit (the line printed above says whether it did
+#   on this build's device). Set it, through
+#   ``torch._inductor.config.patch``, when you need compiled results to match eager, not to be
+#   more accurate.
+#
+# .. admonition:: References
+#
+#    :torchapi:`torch.compile`, :torchdoc:`torch.compiler.html`,
+#    :torchapi:`torch.Tensor.to`
