@@ -36,10 +36,44 @@ def _policy(dtype: torch.dtype) -> Callable[[torch.device], Table]:
     return measure
 
 
+#: The matmul sizes of the error table; a GPU adds the full 10240 x 51200 x 10240 product.
+MATMUL_SHAPES = ((256, 2048, 256), (128, 8192, 128))
+FULL_MATMUL = (10240, 51200, 10240)
+
+
+def _matmul_errors(dev: torch.device) -> Table:
+    from mpguide import numerics
+
+    shapes = MATMUL_SHAPES + ((FULL_MATMUL,) if dev.type == "cuda" else ())
+    return numerics.matmul_errors(shapes, dev=dev).table()
+
+
+def _matmul_into_fp32(x, y, bias):
+    out = torch.empty(32, 7, 1, 1, dtype=torch.float32, device=x.device)
+    return torch.matmul(x, y, out=out) + bias
+
+
+def _compile_backends(dev: torch.device) -> Table:
+    from mpguide import graphs
+
+    gen = torch.Generator(device=dev).manual_seed(0)
+    args = tuple(
+        torch.randn(*shape, device=dev, generator=gen).to(torch.bfloat16)
+        for shape in ((32, 7, 1, 8), (32, 7, 8, 1), (32, 7, 1, 1))
+    )
+
+    def exact(x, y, bias):
+        return torch.matmul(x.double(), y.double()) + bias.double()
+
+    return graphs.compare_backends(_matmul_into_fp32, args, reference=exact).table()
+
+
 #: What a recording measures: a key per table, and the function that measures it on a device.
 MEASUREMENTS: dict[str, Callable[[torch.device], Table]] = {
     "autocast.policy.bfloat16": _policy(torch.bfloat16),
     "autocast.policy.float16": _policy(torch.float16),
+    "numerics.matmul_errors": _matmul_errors,
+    "compile.matmul_into_fp32": _compile_backends,
 }
 
 
@@ -189,6 +223,12 @@ class Beside:
     recorded: tuple[tuple[Provenance, Table], ...]
     machine: _device.Machine | None = None
 
+    def _none(self) -> str:
+        return (
+            f"No recording of {self.key!r} in {DIRECTORY.relative_to(DIRECTORY.parents[1])}/"
+            " yet: `nox -s record` on a GPU machine makes one."
+        )
+
     def _parts(self) -> list[tuple[str, Table]]:
         parts = []
         if self.live is not None:
@@ -199,12 +239,12 @@ class Beside:
 
     def __repr__(self) -> str:
         if not self._parts():
-            return f"{self.key}: no live result and no recording"
+            return self._none()
         return "\n\n".join(f"{label}\n{t.to_text()}" for label, t in self._parts())
 
     def _repr_html_(self) -> str:
         if not self._parts():
-            return f"<p>{escape(self.key)}: no live result and no recording</p>"
+            return f"<p><em>{escape(self._none())}</em></p>"
         return "".join(
             f"<p><strong>{escape(label)}</strong></p>{t.to_html()}" for label, t in self._parts()
         )

@@ -1,4 +1,6 @@
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,3 +98,28 @@ def test_the_cli_records_a_cpu_on_request(capsys, tmp_path, tiny):
     assert main(["record", "--allow-cpu", "--device", "cpu", "--out", str(out)]) == 0
     assert "[1/1] t.one" in capsys.readouterr().err
     assert record.load(out).provenance.command.startswith("python -m mpguide record")
+
+
+def test_recordings_are_found_through_the_environment(tmp_path, monkeypatch, tiny):
+    rec = record.measure(CPU, "cmd")
+    record.save(rec, tmp_path / "gpu.json")
+    monkeypatch.setenv("MPGUIDE_RECORDED", str(tmp_path))
+    assert [r.provenance for r in record.recordings()] == [rec.provenance]
+    assert record.beside("t.one").recorded[0][1].rows == (("mm", "bfloat16"),)
+
+
+def test_every_key_a_page_shows_is_measured():
+    root = Path(__file__).resolve().parents[1] / "examples"
+    shown = set()
+    for path in root.rglob("plot_*.py"):
+        shown |= set(re.findall(r'record\.beside\(\s*"([^"]+)"', path.read_text()))
+    assert shown, "no page shows a recording"
+    assert shown <= set(record.MEASUREMENTS)
+
+
+def test_every_measurement_runs_on_the_cpu():
+    rec = record.measure(CPU, "cmd")
+    assert set(rec.tables) == set(record.MEASUREMENTS)
+    assert all(t.rows for t in rec.tables.values())
+    back = json.loads(rec.to_json())
+    assert set(back["results"]) == set(record.MEASUREMENTS)

@@ -71,6 +71,20 @@ assert len(diff.rows) == sum(
 diff
 
 # %%
+# On a GPU
+# --------
+# CUDA's autocast has its own op lists. A GPU build shows its live table above; here are the
+# tables recorded on GPU machines by ``nox -s record``, each labelled with where, when and by
+# which command it was measured.
+from mpguide import record
+
+record.beside(
+    "autocast.policy.bfloat16",
+    bf16.table() if dev.type == "cuda" else None,
+    machine=device.describe(dev),
+)
+
+# %%
 # The same table on your machine
 # ------------------------------
 # The command line prints it for any device and dtype your machine has::

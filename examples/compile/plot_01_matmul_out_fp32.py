@@ -145,6 +145,19 @@ if dev.type == "cpu":
     assert emulated_same
 
 # %%
+# The same comparison recorded on a GPU
+# -------------------------------------
+# Inductor decomposes differently on CUDA. Recordings made on GPU machines with
+# ``nox -s record`` show the table there, labelled with their provenance.
+from mpguide import record
+
+record.beside(
+    "compile.matmul_into_fp32",
+    table.table() if dev.type == "cuda" else None,
+    machine=device.describe(dev),
+)
+
+# %%
 # What we saw
 # -----------
 # - On this torch, eager raises for a bf16 matmul written into a float32 ``out=``.

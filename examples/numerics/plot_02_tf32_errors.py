@@ -102,6 +102,20 @@ else:
     print(f"{dev.type}: fp32 {fp32_row.seconds:.4f} s for {' x '.join(map(str, shapes[0]))}")
 
 # %%
+# Recorded on a GPU
+# -----------------
+# On a CPU the low-precision rows are emulated. The hardware rows, with their times and
+# TFLOP/s at the full 10240 x 51200 size, come from a recording made on a GPU machine with
+# ``nox -s record``, labelled with its provenance (a GPU build shows its live table too).
+from mpguide import record
+
+record.beside(
+    "numerics.matmul_errors",
+    result.table() if dev.type == "cuda" else None,
+    machine=device.describe(dev),
+)
+
+# %%
 # What we saw
 # -----------
 # - The max error relative to the mean ``|result|`` rises from fp32 to TF32 by an order of
