@@ -14,6 +14,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from html import escape
+from typing import Any, NamedTuple
+
+import msgspec
+import numpy as np
 
 from mpguide.table import Table
 from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree
@@ -109,25 +113,35 @@ def dtype_of(type_name: str) -> str:
     return CPP_TYPES.get(type_name, type_name)
 
 
+_SCALAR_CODES = {str(k): v for k, v in SCALAR_TYPES.items()}
+
+
 def _scalar_type(code: str) -> str | None:
-    try:
-        return SCALAR_TYPES.get(int(code), f"ScalarType {code}")
-    except ValueError:
-        return None
+    if code in _SCALAR_CODES:
+        return _SCALAR_CODES[code]
+    return f"ScalarType {code}" if code.isdigit() else None
 
 
-def _at(items: object, i: int) -> object:
-    return items[i] if isinstance(items, list) and len(items) > i else None
+class _OpArgs(msgspec.Struct, gc=False):
+    types: list[Any] | None = msgspec.field(default=None, name="Input type")
+    dims: list[Any] | None = msgspec.field(default=None, name="Input Dims")
+    concrete: list[Any] | None = msgspec.field(default=None, name="Concrete Inputs")
 
 
-def _dtypes(node: Node) -> tuple[str, str]:
+_OP_ARGS = msgspec.json.Decoder(_OpArgs)
+
+
+def _at(items: list | None, i: int) -> Any:
+    return items[i] if items is not None and len(items) > i else None
+
+
+def _dtypes(name: str, args: _OpArgs) -> tuple[str, str]:
     """(source, target) dtype of a cast op, ``'?'`` where the trace does not say."""
-    types = node.field("Input type")
-    if node.name == "aten::copy_":
-        dst, src = _at(types, 0), _at(types, 1)
+    if name == "aten::copy_":
+        dst, src = _at(args.types, 0), _at(args.types, 1)
         return (dtype_of(src) if src else UNKNOWN), (dtype_of(dst) if dst else UNKNOWN)
-    src = _at(types, 0)
-    code = _at(node.field("Concrete Inputs"), 1)
+    src = _at(args.types, 0)
+    code = _at(args.concrete, 1)
     target = _scalar_type(code) if isinstance(code, str) and code else None
     return (dtype_of(src) if src else UNKNOWN), (target or UNKNOWN)
 
@@ -139,13 +153,12 @@ def _direction(source: str, target: str) -> str:
     return DOWN if b < a else UP if b > a else SIDEWAYS
 
 
-def _is_compiled_convert(node: Node) -> bool:
-    return not node.name.startswith("aten::") and any(m in node.name for m in COMPILED_MARKS)
+def _is_compiled_convert(name: str) -> bool:
+    return not name.startswith("aten::") and any(m in name for m in COMPILED_MARKS)
 
 
-@dataclass(frozen=True)
-class Cast:
-    """One dtype conversion and what it cost."""
+class Cast(NamedTuple):
+    """One dtype conversion and what it cost (times in microseconds)."""
 
     id: int
     op: str
@@ -212,7 +225,7 @@ class CastReport:
     casts: tuple[Cast, ...]
     step_us: float
     source: str = ""
-    cause_us: dict[int, float] = field(default_factory=dict, repr=False)
+    cause_time: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.casts)
@@ -232,8 +245,8 @@ class CastReport:
         """Casts aggregated by ``cause``, ``pair`` (source and target), ``direction`` or
         ``pass``: count, bytes, CPU and GPU time, and share of the profiled steps.
 
-        By cause, ``cause us`` is the time of the causing ops themselves, to set a cast's cost
-        against the op that asked for it.
+        By cause, ``op cpu us`` and ``op gpu us`` are the time of the causing ops less the
+        casts in them, to set a cast's cost against the work of the op that asked for it.
         """
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")
@@ -241,8 +254,8 @@ class CastReport:
         groups: dict[tuple, list[Cast]] = {}
         for c in self.casts:
             groups.setdefault(tuple(_field(c, k) for k in keys), []).append(c)
-        extra = ("cause us",) if by == "cause" else ()
-        columns = (*keys, "casts", "bytes written", "cpu us", *extra, "gpu us", "share of step")
+        extra = ("op cpu us", "op gpu us") if by == "cause" else ()
+        columns = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
         rows = []
         for key, members in sorted(groups.items(), key=lambda kv: -_cpu(kv[1])):
             row = [
@@ -250,14 +263,12 @@ class CastReport:
                 len(members),
                 sum(c.bytes_written or 0 for c in members),
                 round(_cpu(members), 3),
+                round(sum(c.gpu_us for c in members), 3),
             ]
             if by == "cause":
-                causes = {c.cause_id for c in members}
-                row.append(round(sum(self.cause_us.get(i, 0.0) for i in causes), 3))
-            row += [
-                round(sum(c.gpu_us for c in members), 3),
-                round(_cpu(members) / self.step_us, 4) if self.step_us else None,
-            ]
+                own = [self.cause_time.get(i, (0.0, 0.0)) for i in {c.cause_id for c in members}]
+                row += [round(sum(t[0] for t in own), 3), round(sum(t[1] for t in own), 3)]
+            row.append(round(_cpu(members) / self.step_us, 4) if self.step_us else None)
             rows.append(tuple(row))
         return Table(columns, tuple(rows), caption=f"casts by {by}")
 
@@ -277,53 +288,53 @@ def _cpu(casts: Iterable[Cast]) -> float:
     return sum(c.cpu_us for c in casts)
 
 
-def _chain_top(node: Node) -> Node:
-    while (p := node.parent) is not None and p.name in CAST_OPS:
-        node = p
-    return node
+def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
+    """(source, target) of the cast chain under ``top`` if it converts, else None."""
+    events = tree.trace.events
+    source, target = _dtypes(events[top].name, args)
+    if UNKNOWN not in (source, target):
+        return (source, target) if source != target else None
+    for node in Node(tree, top).walk():
+        if node.name == "aten::copy_":
+            pair = _dtypes(node.name, _OP_ARGS.decode(node.event.args))
+            if pair[0] != pair[1]:
+                return pair
+    return None
 
 
-def _converts(top: Node) -> tuple[str, str] | None:
-    """(source, target) of the chain under ``top`` if any op of it converts, else None."""
-    found = None
-    for node in top.walk():
-        if node.name not in CAST_OPS:
-            continue
-        source, target = _dtypes(node)
-        if source != target and UNKNOWN not in (source, target):
-            return source, target
-        if node.name == "aten::copy_" and found is None and source != target:
-            found = (source, target)
-    return found
-
-
-def _context(node: Node) -> tuple[Node | None, bool]:
-    """The causing ancestor, and whether the cast runs in the backward pass."""
-    cause = None
-    backward = False
-    for a in node.ancestors():
-        backward = backward or a.name.startswith(BACKWARD_MARK)
-        if a.cat == ANNOTATION and a.name.startswith(STEP_MARK):
-            continue
-        if cause is None and a.name not in CAST_OPS and a.cat != PYTHON:
+def _context(tree: Tree, i: int) -> tuple[int, bool]:
+    """The causing ancestor's id (-1 for none), and whether the cast runs in backward."""
+    events, parents = tree.trace.events, tree.parents
+    cause, backward = -1, False
+    a = parents[i]
+    while a >= 0:
+        e = events[a]
+        backward = backward or e.name.startswith(BACKWARD_MARK)
+        skip = (
+            e.name in CAST_OPS
+            or e.cat == PYTHON
+            or (e.cat == ANNOTATION and e.name.startswith(STEP_MARK))
+        )
+        if cause < 0 and not skip:
             cause = a
+        a = parents[a]
     return cause, backward
 
 
-def _shape(node: Node) -> tuple[int, ...] | None:
-    dims = _at(node.field("Input Dims"), 0)
-    if isinstance(dims, list) and all(isinstance(d, int) for d in dims):
-        return tuple(dims)
-    return None
+def _shape(args: _OpArgs) -> tuple[int, ...] | None:
+    dims = _at(args.dims, 0)
+    shape = tuple(dims) if isinstance(dims, list) else ()
+    return shape if all(type(d) is int for d in shape) and dims is not None else None
 
 
 def _steps_us(tree: Tree) -> float:
     events = tree.trace.events
-    included = tree.included.tolist()
+    names = {n for n in set(tree.names) if n.startswith(STEP_MARK)}
+    hit = np.fromiter(map(names.__contains__, tree.names), bool, len(tree.names))
     steps = [
-        e.dur
-        for i, e in enumerate(events)
-        if included[i] and e.cat == ANNOTATION and e.name.startswith(STEP_MARK)
+        events[i].dur
+        for i in np.flatnonzero(hit & tree.included).tolist()
+        if events[i].cat == ANNOTATION
     ]
     if steps:
         return sum(steps)
@@ -334,49 +345,48 @@ def report(tree: Tree) -> CastReport:
     """Every cast in ``tree``: a chain of cast ops whose dtypes differ, or a compiled convert
     kernel. Share is CPU time over the time of the profiled steps (``ProfilerStep#N``) or,
     without steps, of the top-level ops."""
-    events = tree.trace.events
-    names = {e.name for e in events}
-    wanted = {n for n in names if n in CAST_OPS or any(m in n for m in COMPILED_MARKS)}
-    ids = [i for i in tree.order.tolist() if events[i].name in wanted]
+    events, parents, names = tree.trace.events, tree.parents, tree.names
+    wanted = {n for n in set(names) if n in CAST_OPS or _is_compiled_convert(n)}
+    hit = np.fromiter(map(wanted.__contains__, names), bool, len(names))
+    ids = tree.order[hit[tree.order]].tolist()
     step_us = _steps_us(tree)
-    seen: set[int] = set()
+    gpu = tree.gpu_us.tolist()
+    context: dict[int, tuple[int, bool]] = {}
     casts: list[Cast] = []
-    causes: dict[int, float] = {}
+    causes: dict[int, tuple[float, float]] = {}
     for i in ids:
-        node = Node(tree, i)
-        if node.name in CAST_OPS:
-            top = _chain_top(node)
-            if top.id in seen:
-                continue
-            seen.add(top.id)
-            pair = _converts(top)
-            if pair is None:
-                continue
-        elif _is_compiled_convert(node):
-            top, pair = node, (UNKNOWN, UNKNOWN)
-        else:
+        name, up = names[i], parents[i]
+        if name in CAST_OPS and up >= 0 and names[up] in CAST_OPS:
             continue
-        cause, backward = _context(top)
-        shape = _shape(top)
+        args = _OP_ARGS.decode(events[i].args)
+        pair = _converts(tree, i, args) if name in CAST_OPS else (UNKNOWN, UNKNOWN)
+        if pair is None:
+            continue
+        if up not in context:
+            context[up] = _context(tree, i)
+        cause, backward = context[up]
+        shape = _shape(args)
         numel = math.prod(shape) if shape is not None else None
         size_in, size_out = ITEMSIZE.get(pair[0]), ITEMSIZE.get(pair[1])
-        if cause is not None:
-            causes[cause.id] = cause.dur
+        cpu_us, gpu_us = events[i].dur, gpu[i]
+        if cause >= 0:
+            own = causes.get(cause, (events[cause].dur, gpu[cause]))
+            causes[cause] = (own[0] - cpu_us, own[1] - gpu_us)
         casts.append(
             Cast(
-                id=top.id,
-                op=top.name,
-                cause=cause.name if cause else "(top level)",
-                cause_id=cause.id if cause else None,
-                source=pair[0],
-                target=pair[1],
-                shape=shape,
-                bytes_read=numel * size_in if numel is not None and size_in else None,
-                bytes_written=numel * size_out if numel is not None and size_out else None,
-                cpu_us=top.dur,
-                gpu_us=top.gpu_time,
-                share=top.dur / step_us if step_us else None,
-                backward=backward,
+                i,
+                name,
+                names[cause] if cause >= 0 else "(top level)",
+                cause if cause >= 0 else None,
+                pair[0],
+                pair[1],
+                shape,
+                numel * size_in if numel is not None and size_in else None,
+                numel * size_out if numel is not None and size_out else None,
+                cpu_us,
+                gpu_us,
+                cpu_us / step_us if step_us else None,
+                backward,
             )
         )
     return CastReport(tuple(casts), step_us, tree.trace.source, causes)

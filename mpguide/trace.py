@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +204,7 @@ class Node:
 
     @property
     def parent(self) -> Node | None:
-        p = int(self.tree.parent[self.id])
+        p = self.tree.parents[self.id]
         return None if p < 0 else Node(self.tree, p)
 
     @property
@@ -256,6 +257,8 @@ class Tree:
         depth: np.ndarray,
         order: np.ndarray,
         anomalies: Anomalies,
+        is_gpu: np.ndarray,
+        dur_us: np.ndarray,
     ):
         self.trace = trace
         self.included = included
@@ -263,6 +266,8 @@ class Tree:
         self.depth = depth
         self.order = order
         self.anomalies = anomalies
+        self.is_gpu = is_gpu & included
+        self.dur_us = dur_us
 
     def __len__(self) -> int:
         return int(self.included.sum())
@@ -294,28 +299,29 @@ class Tree:
         return out
 
     @cached_property
-    def _gpu_mask(self) -> np.ndarray:
-        cats = [e.cat in GPU_CATEGORIES for e in self.trace.events]
-        return np.array(cats, dtype=bool) & self.included
+    def names(self) -> list[str]:
+        """Each event's name, by id."""
+        return list(map(attrgetter("name"), self.trace.events))
 
     @cached_property
-    def _dur(self) -> np.ndarray:
-        return np.fromiter((e.dur for e in self.trace.events), float, len(self.trace.events))
+    def parents(self) -> list[int]:
+        """``parent`` as a list, for fast walks up the tree."""
+        return self.parent.tolist()
 
     @cached_property
     def self_us(self) -> np.ndarray:
         """Each node's duration less its CPU children's, in microseconds."""
-        cpu_child = (self.parent >= 0) & ~self._gpu_mask
+        cpu_child = (self.parent >= 0) & ~self.is_gpu
         child_sum = np.bincount(
-            self.parent[cpu_child], weights=self._dur[cpu_child], minlength=len(self.parent)
+            self.parent[cpu_child], weights=self.dur_us[cpu_child], minlength=len(self.parent)
         )
-        return self._dur - child_sum
+        return self.dur_us - child_sum
 
     @cached_property
     def gpu_us(self) -> np.ndarray:
         """Each node's GPU time: the GPU events in its subtree, in microseconds."""
-        acc = np.where(self._gpu_mask, self._dur, 0.0)
-        if not self._gpu_mask.any():
+        acc = np.where(self.is_gpu, self.dur_us, 0.0)
+        if not self.is_gpu.any():
             return acc
         for d in range(int(self.depth.max()), 0, -1):
             at = np.flatnonzero((self.depth == d) & (self.parent >= 0))
@@ -329,7 +335,7 @@ class Tree:
         id: int | None = None,
         predicate: Callable[[Node], bool] | None = None,
     ) -> list[Node]:
-        """Nodes in time order whose name equals ``name``, whose id is ``id``, and for which
+        """Nodes, thread by thread in time order, whose name equals ``name``, whose id is ``id``, and for which
         ``predicate`` holds (each criterion only when given)."""
         if id is not None:
             return [self.node(id)]
@@ -405,111 +411,127 @@ def _compact(value: Any) -> str:
     return msgspec.json.encode(value).decode().replace(",", ", ").replace('"', "'")
 
 
-def _layer_mask(cats: list[str], python: bool, annotations: bool) -> np.ndarray:
-    left_out = set()
-    if not python:
-        left_out.add(PYTHON)
-    if not annotations:
-        left_out.add(ANNOTATION)
-    return np.array([c not in left_out for c in cats], dtype=bool)
+_RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
+
+
+def _codes(values: list) -> tuple[np.ndarray, list]:
+    """Each value's index among the distinct values, and the distinct values."""
+    distinct = list(dict.fromkeys(values))
+    index = {v: k for k, v in enumerate(distinct)}
+    return np.fromiter(map(index.__getitem__, values), np.int64, len(values)), distinct
 
 
 def _link_gpu(
-    events: Sequence[Event], included: np.ndarray, start: np.ndarray, parent: np.ndarray
+    events: Sequence[Event],
+    candidates: np.ndarray,
+    is_gpu: np.ndarray,
+    start: np.ndarray,
+    parent: np.ndarray,
 ) -> tuple[np.ndarray, int]:
     """Parent every GPU event to its launch; return the mask of linked events and the number
     of GPU events whose correlation id several launches share."""
     launches: dict[int, list[int]] = {}
     gpu: list[tuple[int, int]] = []
-    for i, e in enumerate(events):
-        if not included[i] or len(e.args) <= 2:
+    for i in candidates.tolist():
+        corr = _LINK.decode(events[i].args).correlation
+        if corr is None:
             continue
-        if e.cat in GPU_CATEGORIES:
-            corr = _LINK.decode(e.args).correlation
-            if corr is not None:
-                gpu.append((i, corr))
-        elif e.cat in ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"):
-            corr = _LINK.decode(e.args).correlation
-            if corr is not None:
-                launches.setdefault(corr, []).append(i)
+        if is_gpu[i]:
+            gpu.append((i, corr))
+        else:
+            launches.setdefault(corr, []).append(i)
     linked = np.zeros(len(events), dtype=bool)
     shared = 0
     for i, corr in gpu:
-        cands = launches.get(corr)
-        if not cands:
+        found = launches.get(corr)
+        if not found:
             continue
-        if len(cands) > 1:
+        if len(found) > 1:
             shared += 1
-            before = [j for j in cands if start[j] <= start[i]] or cands
-            cands = [max(before, key=lambda j: start[j])]
-        parent[i] = cands[0]
+            before = [j for j in found if start[j] <= start[i]]
+            found = [max(before, key=lambda j: start[j])] if before else found
+        parent[i] = found[0]
         linked[i] = True
     return linked, shared
+
+
+def _nest(
+    order: list[int],
+    start: list[int],
+    end: list[int],
+    thread: list[int],
+    parent: list[int],
+    depth: list[int],
+) -> tuple[int, int, int]:
+    """Nest events given in (thread, start, longest first) order with one stack per thread;
+    fill ``parent`` and ``depth``; return the overlap, touching and identical counts."""
+    overlaps = touching = identical = 0
+    stack: list[int] = []
+    current = -1
+    for i in order:
+        if thread[i] != current:
+            current, stack = thread[i], []
+        s, e = start[i], end[i]
+        while stack and end[stack[-1]] <= s:
+            done = stack.pop()
+            if end[done] == s and start[done] < s:
+                touching += 1
+        if stack:
+            p = stack[-1]
+            parent[i] = p
+            depth[i] = len(stack)
+            if e > end[p]:
+                overlaps += 1
+            elif s == start[p] and e == end[p]:
+                identical += 1
+        stack.append(i)
+    return overlaps, touching, identical
 
 
 def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
     """Nest a trace's complete events into per-thread call trees (see the module docs)."""
     events = trace.events
     n = len(events)
-    cats = [e.cat for e in events]
-    included = _layer_mask(cats, python, annotations)
-    ts = np.fromiter((e.ts for e in events), float, n)
-    dur = np.fromiter((e.dur for e in events), float, n)
+    cat, cats = _codes(list(map(attrgetter("cat"), events)))
+    left_out = {PYTHON} if not python else set()
+    left_out |= {ANNOTATION} if not annotations else set()
+    included = ~np.isin(cat, [k for k, c in enumerate(cats) if c in left_out])
+    is_gpu = np.isin(cat, [k for k, c in enumerate(cats) if c in GPU_CATEGORIES])
+    runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in _RUNTIME_CATEGORIES])
+    rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int64)[cat]
+    ts = np.fromiter(map(attrgetter("ts"), events), float, n)
+    dur = np.fromiter(map(attrgetter("dur"), events), float, n)
     if n and (not np.isfinite(ts).all() or not np.isfinite(dur).all() or (dur < 0).any()):
         raise MPGuideError(f"{trace.source or 'trace'}: an event has a non-finite or negative time")
     start, end = _nanoseconds(ts, dur)
     parent = np.full(n, -1, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    linked, shared = _link_gpu(events, included, start, parent)
-
-    threads: dict[tuple[Any, Any], int] = {}
-    thread = np.fromiter(
-        (threads.setdefault((e.pid, e.tid), len(threads)) for e in events), np.int64, n
+    linked, shared = _link_gpu(
+        events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
     )
-    rank = np.fromiter((_LAYER_RANK.get(c, 2) for c in cats), np.int64, n)
+    thread, _ = _codes(list(map(attrgetter("pid", "tid"), events)))
+
     nested = np.flatnonzero(included & ~linked)
-    keys = (nested, rank[nested], -(end - start)[nested], start[nested], thread[nested])
-    order_nested = nested[np.lexsort(keys)]
-
-    overlaps = touching = identical = 0
-    s_list, e_list, t_list = start.tolist(), end.tolist(), thread.tolist()
+    # One stable sort: thread, then start, then longest first, then layer, then file order.
+    by_length = (start - end)[nested] * 4 + rank[nested]
+    nested = nested[np.lexsort((by_length, start[nested], thread[nested]))]
     par, dep = parent.tolist(), [0] * n
-    stack: list[int] = []
-    current = -1
-    for i in order_nested.tolist():
-        if t_list[i] != current:
-            current, stack = t_list[i], []
-        s, e = s_list[i], e_list[i]
-        while stack and e_list[stack[-1]] <= s:
-            done = stack.pop()
-            if e_list[done] == s and s_list[done] < s:
-                touching += 1
-        if stack:
-            p = stack[-1]
-            par[i] = p
-            dep[i] = len(stack)
-            if e > e_list[p]:
-                overlaps += 1
-            elif s == s_list[p] and e == e_list[p]:
-                identical += 1
-        stack.append(i)
-
+    overlaps, touching, identical = _nest(
+        nested.tolist(), start.tolist(), end.tolist(), thread.tolist(), par, dep
+    )
     parent = np.array(par, dtype=np.int64)
     depth = np.array(dep, dtype=np.int64)
     linked_ids = np.flatnonzero(linked)
     depth[linked_ids] = depth[parent[linked_ids]] + 1
-    order = np.flatnonzero(included)
-    order = order[np.lexsort((order, -(end - start)[order], start[order]))]
-    gpu_mask = np.array([c in GPU_CATEGORIES for c in cats], dtype=bool)
+    order = np.concatenate((nested, linked_ids))
     anomalies = Anomalies(
         overlaps=overlaps,
         touching=touching,
         identical=identical,
         shared_correlation=shared,
-        unlinked_gpu=int((gpu_mask & included & ~linked).sum()),
+        unlinked_gpu=int((is_gpu & included & ~linked).sum()),
         left_out=int(n - included.sum()),
     )
-    return Tree(trace, included, parent, depth, order, anomalies)
+    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, dur)
 
 
 def casts(tree: Tree):
