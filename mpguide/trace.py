@@ -237,8 +237,19 @@ class Node:
 
 
 def _nanoseconds(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    base = float(ts.min()) if len(ts) else 0.0
-    start = np.rint((ts - base) * 1000.0).astype(np.int64)
+    """Start and end in integer nanoseconds since the first event.
+
+    Exports write microseconds with three decimals, but a double near 4e12 us is only good
+    to about a nanosecond, so ``ts * 1000`` can round to the wrong nanosecond and nest a
+    child past its parent's end. The nanosecond kept is the one whose decimal parses to
+    exactly this ``ts``.
+    """
+    ns = np.rint(ts * 1000.0)
+    for step in (-1.0, 1.0):
+        wrong = ns / 1000.0 != ts
+        ns[wrong & ((ns + step) / 1000.0 == ts)] += step
+    start = ns.astype(np.int64)
+    start -= start.min() if len(start) else 0
     return start, start + np.rint(dur * 1000.0).astype(np.int64)
 
 
