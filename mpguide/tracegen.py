@@ -331,26 +331,22 @@ def generate(
     step = 0
     while produced < ops:
         out: list[dict[str, Any]] = []
-        for t, w in enumerate(writers):
-            root = -1
-            if t == 0:
-                root = w.span(
-                    out,
-                    -1,
-                    f"ProfilerStep#{step}",
-                    "user_annotation",
-                    {"External id": w._next("external")},
-                )
-            for k in range(layers_per_step):
-                for j, op in enumerate(_layer(rows, width)):
-                    w.module(out, root, op, k * 100 + j)
-                produced += _LAYER_OPS
+        main = writers[0]
+        root = main.span(
+            out,
+            -1,
+            f"ProfilerStep#{step}",
+            "user_annotation",
+            {"External id": main._next("external")},
+        )
+        for k in range(layers_per_step):
+            for t, w in enumerate(writers):
                 if produced >= ops:
                     break
-            if t == 0:
-                w.close(out, root)
-            if produced >= ops:
-                break
+                for j, op in enumerate(_layer(rows, width)):
+                    w.module(out, root if t == 0 else -1, op, k * 100 + j)
+                produced += _LAYER_OPS
+        main.close(out, root)
         step += 1
         for e in out:
             if e["parent"] >= 0:
