@@ -226,6 +226,7 @@ class CastReport:
     step_us: float
     source: str = ""
     cause_time: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    gpu: bool = False
 
     def __len__(self) -> int:
         return len(self.casts)
@@ -233,12 +234,23 @@ class CastReport:
     def __iter__(self):
         return iter(self.casts)
 
+    def _fit(self, table: Table) -> Table:
+        """Without the GPU columns when the trace has no GPU events."""
+        if self.gpu:
+            return table
+        keep = [i for i, c in enumerate(table.columns) if "gpu" not in c]
+        rows = tuple(tuple(r[i] for i in keep) for r in table.rows)
+        return Table(tuple(table.columns[i] for i in keep), rows, table.caption, table.notes)
+
     def table(self) -> Table:
-        """One row per cast."""
-        return Table(
-            COLUMNS,
-            tuple(_cell(c) for c in self.casts),
-            caption=f"{len(self.casts)} casts in {self.source or 'the trace'}",
+        """One row per cast (GPU time only when the trace has GPU events)."""
+        n = len(self.casts)
+        return self._fit(
+            Table(
+                COLUMNS,
+                tuple(_cell(c) for c in self.casts),
+                caption=f"{n} cast{'' if n == 1 else 's'} in {self.source or 'the trace'}",
+            )
         )
 
     def summary(self, by: str = "cause") -> Table:
@@ -270,13 +282,13 @@ class CastReport:
                 row += [round(sum(t[0] for t in own), 3), round(sum(t[1] for t in own), 3)]
             row.append(round(_cpu(members) / self.step_us, 4) if self.step_us else None)
             rows.append(tuple(row))
-        return Table(columns, tuple(rows), caption=f"casts by {by}")
+        return self._fit(Table(columns, tuple(rows), caption=f"casts by {by}"))
 
     def __repr__(self) -> str:
         return self.summary("cause").to_text()
 
     def _repr_html_(self) -> str:
-        head = escape(f"{len(self.casts)} casts; steps {self.step_us:.1f} us of CPU time")
+        head = escape(f"{len(self.casts)} casts in {self.step_us:.1f} us of profiled steps")
         return f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}"
 
 
@@ -389,4 +401,4 @@ def report(tree: Tree) -> CastReport:
                 backward,
             )
         )
-    return CastReport(tuple(casts), step_us, tree.trace.source, causes)
+    return CastReport(tuple(casts), step_us, tree.trace.source, causes, bool(tree.is_gpu.any()))

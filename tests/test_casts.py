@@ -121,6 +121,7 @@ def test_gpu_time_and_summaries_on_a_generated_gpu_trace():
     for c in report:
         kernels = [n for n in tree.node(c.id).walk() if n.is_gpu]
         assert kernels and c.gpu_us == pytest.approx(sum(k.dur for k in kernels))
+    assert "gpu us" in report.table().columns
     causes = {r["cause"] for r in report.summary("cause").records()}
     assert causes == {"aten::linear", "aten::layer_norm"}
     pairs = report.summary("pair").records()
@@ -136,5 +137,5 @@ def test_renderings():
     report = report_of(*to_chain(BASE, [4], "float", "c10::BFloat16", "15"))
     assert "float32  bfloat16  1" in repr(report.summary("pair"))
     html = report._repr_html_()
-    assert "<table" in html and "1 casts" in html
+    assert "<table" in html and "1 casts in" in html and "gpu us" not in html
     assert json.loads(report.table().to_json())["rows"][0]["target"] == "bfloat16"
