@@ -288,7 +288,8 @@ class CastReport:
         return self.summary("cause").to_text()
 
     def _repr_html_(self) -> str:
-        head = escape(f"{len(self.casts)} casts in {self.step_us:.1f} us of profiled steps")
+        n = len(self.casts)
+        head = escape(f"{n} cast{'' if n == 1 else 's'} in {self.step_us:.1f} us of profiled steps")
         return f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}"
 
 

@@ -41,7 +41,6 @@ from mpguide import MPGuideError
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 PYTHON, ANNOTATION, OP = "python_function", "user_annotation", "cpu_op"
 _LAYER_RANK = {ANNOTATION: 0, PYTHON: 1}
-ARG_FIELDS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 DEFAULT_FIELDS = ("Input Dims", "Input type")
 
 

@@ -137,5 +137,5 @@ def test_renderings():
     report = report_of(*to_chain(BASE, [4], "float", "c10::BFloat16", "15"))
     assert "float32  bfloat16  1" in repr(report.summary("pair"))
     html = report._repr_html_()
-    assert "<table" in html and "1 casts in" in html and "gpu us" not in html
+    assert "<table" in html and "1 cast in" in html and "gpu us" not in html
     assert json.loads(report.table().to_json())["rows"][0]["target"] == "bfloat16"
