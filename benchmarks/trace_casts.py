@@ -4,7 +4,8 @@ Run by ``nox -s bench`` (or ``python benchmarks/trace_casts.py``). For each size
 set it generates a trace under build/bench (kept for later runs), then times whole processes:
 ``python -m mpguide casts TRACE --by cause`` (load, tree, cast report, output) ``--repeat``
 times, and a process doing only ``json.load`` of the same file. Wall time comes from the
-parent's clock, peak memory from the child's resource usage. The results and their
+parent's clock; peak memory and CPU time (user + system, less disturbed by other jobs than
+wall time) from the child's resource usage. The results and their
 provenance (machine, torch, date, command, load average) go to
 docs/benchmarks/trace_casts.json, which docs/benchmarks.md renders.
 """
@@ -27,9 +28,9 @@ LAYERS = {"none": {}, "python+gpu": {"python": True, "gpu": True, "threads": 2}}
 GOAL_S, GOAL_MB, GOAL_EVENTS = 4.0, 1200, 1_000_000
 
 
-def run(argv: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS in MB and exit status of one child process (with its output
-    discarded, as the benchmark times the work, not the terminal)."""
+def run(argv: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS in MB and CPU seconds (user + system) of one child process,
+    with its output discarded: the benchmark times the work, not the terminal."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         argv,
@@ -44,7 +45,7 @@ def run(argv: list[str]) -> tuple[float, float, int]:
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode:
         raise SystemExit(f"{' '.join(argv)} failed with status {proc.returncode}: {err}")
-    return wall, usage.ru_maxrss / 1024, proc.returncode
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def trace_file(events: int, layers: str, folder: Path) -> Path:
@@ -132,8 +133,10 @@ def main(argv: list[str]) -> None:
                 "file_mb": path.stat().st_size / 1e6,
                 "mpguide_casts_s": spread([w for w, _, _ in mp]),
                 "mpguide_casts_peak_mb": spread([m for _, m, _ in mp]),
+                "mpguide_casts_cpu_s": spread([c for _, _, c in mp]),
                 "json_load_s": spread([w for w, _, _ in js]),
                 "json_load_peak_mb": spread([m for _, m, _ in js]),
+                "json_load_cpu_s": spread([c for _, _, c in js]),
             }
             record["results"].append(row)
             print(

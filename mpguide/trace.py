@@ -59,8 +59,6 @@ class Event(msgspec.Struct, gc=False):
 
 class _File(msgspec.Struct, gc=False):
     traceEvents: list[Event]
-    schemaVersion: int | None = None
-    deviceProperties: list[dict[str, Any]] | None = None
 
 
 class _Link(msgspec.Struct, gc=False):
@@ -78,7 +76,6 @@ class Trace:
     events: tuple[Event, ...]
     other: dict[str, int]
     source: str = ""
-    devices: tuple[dict[str, Any], ...] = ()
 
     def tree(self, *, python: bool = False, annotations: bool = True) -> Tree:
         """The call tree of this trace; see :func:`build`."""
@@ -114,10 +111,9 @@ def parse(data: bytes, source: str = "") -> Trace:
     except msgspec.DecodeError as err:
         raise MPGuideError(f"{where}: not valid JSON ({err})") from None
     events = doc if isinstance(doc, list) else doc.traceEvents
-    devices = () if isinstance(doc, list) else tuple(doc.deviceProperties or ())
     complete = tuple(e for e in events if e.ph == "X")
     other = Counter(e.ph for e in events if e.ph != "X")
-    return Trace(complete, dict(other), source, devices)
+    return Trace(complete, dict(other), source)
 
 
 def load(path: str | Path) -> Trace:
