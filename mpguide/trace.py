@@ -514,7 +514,9 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     linked, shared = _link_gpu(
         events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
     )
-    thread, _ = _codes(list(map(attrgetter("pid", "tid"), events)))
+    pid, _ = _codes(list(map(attrgetter("pid"), events)))
+    tid, tids = _codes(list(map(attrgetter("tid"), events)))
+    thread = pid * len(tids) + tid
 
     nested = np.flatnonzero(included & ~linked)
     # One stable sort: thread, then start, then longest first, then layer, then file order.
