@@ -143,7 +143,8 @@ def main(argv: list[str]) -> None:
                 f"{events:>9,} cpu_ops  {layers:<10}  {row['file_mb']:6.0f} MB  "
                 f"mpguide casts {row['mpguide_casts_s']['median']:6.2f} s "
                 f"[{row['mpguide_casts_s']['min']:.2f}-{row['mpguide_casts_s']['max']:.2f}]  "
-                f"{row['mpguide_casts_peak_mb']['max']:6.0f} MB   "
+                f"{row['mpguide_casts_peak_mb']['max']:6.0f} MB  "
+                f"cpu {row['mpguide_casts_cpu_s']['median']:5.2f} s   "
                 f"json.load {row['json_load_s']['median']:6.2f} s "
                 f"{row['json_load_peak_mb']['max']:6.0f} MB",
                 flush=True,
