@@ -402,4 +402,4 @@ def report(tree: Tree) -> CastReport:
                 backward,
             )
         )
-    return CastReport(tuple(casts), step_us, tree.trace.source, causes, bool(tree.is_gpu.any()))
+    return CastReport(tuple(casts), step_us, tree.trace.source, causes, bool(tree.gpu_work.any()))

@@ -187,7 +187,8 @@ class Node:
 
     @property
     def is_gpu(self) -> bool:
-        return self.cat in GPU_CATEGORIES
+        """Whether it happens on the device: a kernel, memcpy, memset or GPU-side range."""
+        return self.cat in GPU_CATEGORIES or self.cat.startswith("gpu_")
 
     @cached_property
     def args(self) -> dict[str, Any]:
@@ -263,7 +264,7 @@ class Tree:
         depth: np.ndarray,
         order: np.ndarray,
         anomalies: Anomalies,
-        is_gpu: np.ndarray,
+        gpu_work: np.ndarray,
         dur_us: np.ndarray,
     ):
         self.trace = trace
@@ -272,7 +273,7 @@ class Tree:
         self.depth = depth
         self.order = order
         self.anomalies = anomalies
-        self.is_gpu = is_gpu & included
+        self.gpu_work = gpu_work & included
         self.dur_us = dur_us
 
     def __len__(self) -> int:
@@ -317,7 +318,7 @@ class Tree:
     @cached_property
     def self_us(self) -> np.ndarray:
         """Each node's duration less its CPU children's, in microseconds."""
-        cpu_child = (self.parent >= 0) & ~self.is_gpu
+        cpu_child = (self.parent >= 0) & ~self.gpu_work
         child_sum = np.bincount(
             self.parent[cpu_child], weights=self.dur_us[cpu_child], minlength=len(self.parent)
         )
@@ -326,8 +327,8 @@ class Tree:
     @cached_property
     def gpu_us(self) -> np.ndarray:
         """Each node's GPU time: the GPU events in its subtree, in microseconds."""
-        acc = np.where(self.is_gpu, self.dur_us, 0.0)
-        if not self.is_gpu.any():
+        acc = np.where(self.gpu_work, self.dur_us, 0.0)
+        if not self.gpu_work.any():
             return acc
         for d in range(int(self.depth.max()), 0, -1):
             at = np.flatnonzero((self.depth == d) & (self.parent >= 0))
