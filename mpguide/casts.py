@@ -124,11 +124,12 @@ def _scalar_type(code: str) -> str | None:
 
 class _OpArgs(msgspec.Struct, gc=False):
     types: list[Any] | None = msgspec.field(default=None, name="Input type")
-    dims: list[Any] | None = msgspec.field(default=None, name="Input Dims")
+    dims: list[msgspec.Raw] | None = msgspec.field(default=None, name="Input Dims")
     concrete: list[Any] | None = msgspec.field(default=None, name="Concrete Inputs")
 
 
 _OP_ARGS = msgspec.json.Decoder(_OpArgs)
+_SHAPE = msgspec.json.Decoder(tuple[int, ...])
 
 
 def _at(items: list | None, i: int) -> Any:
@@ -335,9 +336,12 @@ def _context(tree: Tree, i: int) -> tuple[int, bool]:
 
 
 def _shape(args: _OpArgs) -> tuple[int, ...] | None:
+    """The first input's shape; only its ``Input Dims`` entry is decoded."""
     dims = _at(args.dims, 0)
-    shape = tuple(dims) if isinstance(dims, list) else ()
-    return shape if all(type(d) is int for d in shape) and dims is not None else None
+    try:
+        return None if dims is None else _SHAPE.decode(dims)
+    except msgspec.ValidationError:
+        return None
 
 
 def _steps_us(tree: Tree) -> float:

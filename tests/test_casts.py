@@ -139,3 +139,19 @@ def test_renderings():
     html = report._repr_html_()
     assert "<table" in html and "1 cast in" in html and "gpu us" not in html
     assert json.loads(report.table().to_json())["rows"][0]["target"] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "int8"]
+)
+def test_scalar_type_codes_match_this_torch(dtype):
+    import torch
+
+    from mpguide.profiling import profile_fn
+
+    x = torch.ones(4, 8)
+    target = getattr(torch, dtype)
+    tree = profile_fn(lambda: x.to(target)).tree()
+    (cast,) = casts.report(tree).casts
+    assert (cast.source, cast.target) == ("float32", dtype)
+    assert cast.bytes_written == 32 * target.itemsize
