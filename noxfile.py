@@ -111,3 +111,11 @@ def record(session: nox.Session) -> None:
     """Record the guide's GPU measurements into docs/recorded/ (``-- --allow-cpu`` on a CPU)."""
     _install(session)
     session.run("python", "-m", "mpguide", "record", *session.posargs)
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Time ``python -m mpguide casts`` on large synthetic traces beside ``json.load``; the
+    results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options)."""
+    _install(session)
+    session.run("python", "benchmarks/trace_casts.py", *session.posargs)
