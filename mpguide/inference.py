@@ -1,0 +1,280 @@
+"""Serve one classifier several ways (dtype casts, autocast, torch.compile) and compare with fp32.
+
+A :class:`Variant` says how the model is served: the dtype its weights are cast to, the
+autocast dtype (if any) and whether it is compiled. :func:`compare` runs the same inputs
+through every variant under :func:`torch.inference_mode` and measures, against the float32
+model: the error of the logits, the share of predicted classes that agree, parameter memory,
+the peak memory of a forward pass and the latency (see :mod:`mpguide.timing`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from mpguide import MPGuideError, timing
+from mpguide import device as _device
+from mpguide.table import Table
+
+_SHORT = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to serve a model."""
+
+    name: str
+    weights: torch.dtype = torch.float32
+    autocast: torch.dtype | None = None
+    compile: bool = False
+
+    def prepare(self, model: nn.Module, dev: torch.device) -> nn.Module:
+        """A copy of ``model`` on ``dev`` with floating weights in :attr:`weights`, in eval mode."""
+        prepared = copy.deepcopy(model).to(device=dev, dtype=self.weights).eval()
+        return torch.compile(prepared) if self.compile else prepared
+
+    def __call__(
+        self, prepared: nn.Module, inputs: Sequence[torch.Tensor], dev: torch.device
+    ) -> torch.Tensor:
+        """Run ``prepared`` on ``inputs`` (floating ones cast to :attr:`weights`)."""
+        args = [x.to(self.weights) if x.is_floating_point() else x for x in inputs]
+        with (
+            torch.inference_mode(),
+            torch.autocast(
+                dev.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
+            ),
+        ):
+            return prepared(*args)
+
+    def compiled(self) -> Variant:
+        """The same variant under :func:`torch.compile`."""
+        return replace(self, name=f"{self.name} + compile", compile=True)
+
+
+def standard(dev: torch.device | str | None = None) -> tuple[Variant, ...]:
+    """fp32, the model cast to bf16 and to fp16, fp32 weights under autocast bf16, and (on
+    CUDA) under autocast fp16."""
+    dev = _device.pick() if dev is None else torch.device(dev)
+    out = [
+        Variant("fp32"),
+        Variant("bf16 weights", torch.bfloat16),
+        Variant("fp16 weights", torch.float16),
+        Variant("autocast bf16", autocast=torch.bfloat16),
+    ]
+    if dev.type == "cuda":
+        out.append(Variant("autocast fp16", autocast=torch.float16))
+    return tuple(out)
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes held by the parameters and buffers of ``model``."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One variant measured against the float32 model."""
+
+    variant: Variant
+    output: torch.dtype
+    max_error: float
+    mean_error: float
+    agreement: float
+    nonfinite: int
+    parameter_bytes: int
+    peak_bytes: int
+    latency: timing.Latency
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+
+def _describe_weights(v: Variant) -> str:
+    base = _SHORT.get(v.weights, _device.dtype_name(v.weights))
+    return base if v.autocast is None else f"{base}, autocast {_SHORT[v.autocast]}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every variant of one model on one device, with fp32 as the reference."""
+
+    results: tuple[Result, ...]
+    machine: _device.Machine
+    items: int = field(repr=False)
+
+    def __getitem__(self, name: str) -> Result:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.results]
+
+    def best(self, min_agreement: float = 0.99) -> Result:
+        """The variant with the lowest median latency among those whose logits are all finite
+        and whose predicted classes agree with fp32 for at least ``min_agreement`` of inputs."""
+        fit = [r for r in self.results if r.nonfinite == 0 and r.agreement >= min_agreement]
+        if not fit:
+            raise MPGuideError(f"no variant agrees with fp32 on {min_agreement:.0%} of inputs")
+        return min(fit, key=lambda r: r.latency.median)
+
+    @property
+    def caption(self) -> str:
+        return f"{self.items} inputs per forward pass, {self.machine.caption()}"
+
+    def table(self) -> Table:
+        rows = tuple(
+            (
+                r.name,
+                _describe_weights(r.variant),
+                r.output,
+                r.max_error,
+                r.mean_error,
+                f"{r.agreement:.2%}",
+                r.parameter_bytes / 2**10,
+                r.peak_bytes / 2**10,
+                r.latency.median * 1e3,
+                r.latency.spread * 1e3,
+                r.latency.throughput,
+            )
+            for r in self.results
+        )
+        notes = tuple(f"{r.name}: {w}" for r in self.results for w in r.latency.warnings)
+        return Table(
+            (
+                "variant",
+                "weights",
+                "logits",
+                "max error",
+                "mean error",
+                "same class",
+                "params KiB",
+                "peak KiB",
+                "median ms",
+                "IQR ms",
+                "items/s",
+            ),
+            rows,
+            self.caption,
+            notes,
+        )
+
+    def __repr__(self) -> str:
+        return self.table().to_text()
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html()
+
+
+def _logits(out: torch.Tensor | tuple) -> torch.Tensor:
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise MPGuideError(f"the model returned {type(out).__name__}, not a tensor of logits")
+    return out
+
+
+def compare(
+    model: nn.Module,
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    variants: Sequence[Variant] | None = None,
+    dev: torch.device | str | None = None,
+    *,
+    warmup: int = 3,
+    repeat: int = 15,
+) -> Comparison:
+    """Run ``inputs`` through every variant of ``model`` and measure each against fp32.
+
+    ``model`` returns logits whose last dimension is the class; the first dimension of the
+    first input counts the items of a forward pass (for throughput). Latencies are taken in
+    interleaved rounds, so background load hits every variant alike.
+    """
+    dev = _device.pick() if dev is None else _device.resolve(str(dev))
+    variants = standard(dev) if variants is None else tuple(variants)
+    if not variants:
+        raise MPGuideError("no variants to compare")
+    if len({v.name for v in variants}) != len(variants):
+        raise MPGuideError("variant names must differ")
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    inputs = tuple(x.to(dev) for x in inputs)
+    items = inputs[0].shape[0] if inputs[0].dim() else 1
+
+    reference = Variant("reference")
+    ref = _logits(reference(reference.prepare(model, dev), inputs, dev)).double()
+    ref_class = ref.argmax(-1)
+
+    prepared = {v.name: v.prepare(model, dev) for v in variants}
+    calls = {v.name: (lambda v=v: v(prepared[v.name], inputs, dev)) for v in variants}
+    measured = {}
+    for v in variants:
+        out = _logits(calls[v.name]())
+        if out.shape != ref.shape:
+            raise MPGuideError(
+                f"{v.name} returned shape {tuple(out.shape)}, fp32 returned {tuple(ref.shape)}"
+            )
+        err = (out.double() - ref).abs()
+        measured[v.name] = (
+            out.dtype,
+            err.max().item(),
+            err.mean().item(),
+            (out.argmax(-1) == ref_class).double().mean().item(),
+            int((~torch.isfinite(out)).sum()),
+            parameter_bytes(prepared[v.name]),
+            timing.peak_memory(calls[v.name], dev, label=v.name).peak_bytes,
+        )
+    latencies = timing.compare_latency(calls, dev, warmup=warmup, repeat=repeat, items=items)
+    results = tuple(Result(v, *measured[v.name], latencies[v.name]) for v in variants)
+    return Comparison(results, _device.describe(dev), items)
+
+
+def guide(comparison: Comparison, min_agreement: float = 0.99) -> list[str]:
+    """Decision-guide sentences comparing every variant with the first (the baseline), each
+    stating only relations that hold in ``comparison``; latency counts as faster or slower
+    only when the gap exceeds both spreads (:meth:`mpguide.timing.Latency.clearly_below`)."""
+    fp32 = comparison.results[0]
+    out = []
+    for r in comparison.results[1:]:
+        parts = []
+        if r.nonfinite:
+            parts.append(f"produced {r.nonfinite} non-finite logits")
+        if r.parameter_bytes < fp32.parameter_bytes:
+            parts.append(
+                f"holds {r.parameter_bytes / fp32.parameter_bytes:.0%} of "
+                f"{fp32.name}'s parameter memory"
+            )
+        elif r.parameter_bytes > fp32.parameter_bytes:
+            parts.append(f"holds more parameter memory than {fp32.name}")
+        else:
+            parts.append(f"keeps {fp32.name}'s parameter memory")
+        parts.append(
+            f"agrees with {fp32.name} on {r.agreement:.2%} of predicted classes "
+            f"({'at least' if r.agreement >= min_agreement else 'below'} "
+            f"{min_agreement:.0%})"
+        )
+        if r.latency.clearly_below(fp32.latency):
+            parts.append(
+                f"is faster ({r.latency.median * 1e3:.2f} ms against "
+                f"{fp32.latency.median * 1e3:.2f} ms, beyond both spreads)"
+            )
+        elif fp32.latency.clearly_below(r.latency):
+            parts.append(
+                f"is slower ({r.latency.median * 1e3:.2f} ms against "
+                f"{fp32.latency.median * 1e3:.2f} ms, beyond both spreads)"
+            )
+        else:
+            parts.append("is not clearly faster or slower: the gap is within the spreads")
+        out.append(f"{r.name} " + ", ".join(parts) + ".")
+    return out
