@@ -27,6 +27,35 @@ def _policy(args: argparse.Namespace) -> str:
     return result.table().render(args.format)
 
 
+def _tree(args: argparse.Namespace) -> str:
+    from mpguide import trace
+
+    if args.depth is not None and args.depth < 0:
+        raise MPGuideError(f"--depth must be 0 or more, got {args.depth}")
+    tree = trace.load(args.trace).tree(python=args.python)
+    if args.id is not None:
+        roots = tree.find(id=args.id)
+    elif args.op is not None:
+        found = tree.find(args.op)
+        if not found:
+            raise MPGuideError(f"no op named {args.op!r} in {args.trace}")
+        roots = [n for n in found if all(a.name != args.op for a in n.ancestors())]
+    else:
+        roots = None
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+    body = tree.render(roots, fields=fields, depth=args.depth, gpu=args.gpu)
+    return f"{body}\n{tree.anomalies!r}"
+
+
+def _casts(args: argparse.Namespace) -> str:
+    from mpguide import trace
+
+    report = trace.casts(trace.load(args.trace).tree())
+    if args.by == "cast":
+        return report.table().render(args.format)
+    return report.summary(args.by).render(args.format)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line, with one subparser per subcommand."""
     p = _Parser(prog="python -m mpguide", description=__doc__.splitlines()[0])
@@ -41,6 +70,42 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bfloat16", help="bfloat16 or float16 (default bfloat16)")
     s.add_argument("--format", default="table", choices=FORMATS)
     s.set_defaults(run=_policy)
+
+    s = sub.add_parser(
+        "tree",
+        help="print the call tree of a chrome trace from torch.profiler",
+        description="Print the call tree of a chrome trace (.json or .json.gz) from "
+        "torch.profiler, with the anomalies met while nesting it.",
+    )
+    s.add_argument("trace", help="path to the trace")
+    which = s.add_mutually_exclusive_group()
+    which.add_argument("--op", help="show only the subtrees of the ops with this name")
+    which.add_argument("--id", type=int, help="show only the subtree of the event with this id")
+    s.add_argument(
+        "--fields",
+        default="Input Dims,Input type",
+        help="comma-separated event args to show (default: %(default)s)",
+    )
+    s.add_argument("--depth", type=int, help="levels shown below each root (default: all)")
+    s.add_argument("--python", action="store_true", help="include python_function events")
+    s.add_argument("--gpu", action="store_true", help="show GPU kernels and memcpys")
+    s.set_defaults(run=_tree)
+
+    s = sub.add_parser(
+        "casts",
+        help="report the dtype casts in a chrome trace and what they cost",
+        description="Report every dtype cast in a chrome trace from torch.profiler: the op "
+        "that caused it, source and target dtype, bytes, CPU and GPU time.",
+    )
+    s.add_argument("trace", help="path to the trace (.json or .json.gz)")
+    s.add_argument("--format", default="table", choices=FORMATS)
+    s.add_argument(
+        "--by",
+        default="cast",
+        choices=("cast", "cause", "pair", "direction", "pass"),
+        help="one row per cast (default), or a summary by cause, dtype pair, direction or pass",
+    )
+    s.set_defaults(run=_casts)
     return p
 
 

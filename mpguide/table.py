@@ -5,21 +5,26 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-import torch
-
 FORMATS = ("table", "markdown", "json", "csv")
+
+
+def _is_dtype(value: Any) -> bool:
+    # Without torch imported nothing is a torch.dtype: the trace commands stay torch-free.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.dtype)
 
 
 def cell(value: Any) -> str:
     """How one value reads in a table."""
     if value is None:
         return ""
-    if isinstance(value, torch.dtype):
+    if _is_dtype(value):
         return str(value).removeprefix("torch.")
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -29,7 +34,7 @@ def cell(value: Any) -> str:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, torch.dtype):
+    if _is_dtype(value):
         return cell(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]

@@ -1,0 +1,133 @@
+"""
+What a LayerNorm's upcast costs
+===============================
+
+Normalisation layers are where bf16 activations go back to float32: CUDA autocast runs
+``layer_norm`` in float32, and many model implementations compute their norms in float32
+by hand. How much does that upcast cost next to the norm itself? We profile a LayerNorm on
+a bf16 activation under autocast on this build's device, find the upcast with the cast
+report, and set its time against the norm's own time: kernel time on a GPU, op time on a
+CPU. The casts are asserted to be present; their cost is measured, not assumed.
+"""
+
+# %%
+# Setup
+# -----
+# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# else the CPU.
+import torch
+
+from mpguide import device
+
+dev = device.pick()
+device.describe(dev)
+
+# %%
+# LayerNorm under autocast
+# ------------------------
+# A float32 LayerNorm applied to a bf16 activation, inside autocast, profiled over five
+# steps so that one slow step does not decide the figures.
+from mpguide import trace
+from mpguide.profiling import profile_fn
+
+gen = torch.Generator(device=dev).manual_seed(0)
+x = torch.randn(512, 1024, device=dev, generator=gen).to(torch.bfloat16)
+norm = torch.nn.LayerNorm(1024, device=dev)
+
+
+def autocast_norm():
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        return norm(x)
+
+
+out_dtype = autocast_norm().dtype
+tree = profile_fn(autocast_norm, active=5).tree()
+report = trace.casts(tree)
+print(f"LayerNorm on a bf16 input under {dev.type} autocast returns {out_dtype}")
+print(tree.render(tree.find("aten::layer_norm")[0], fields=["Input type"], depth=2))
+
+# %%
+# On CUDA, autocast runs ``layer_norm`` in float32: the bf16 input is cast up inside the
+# ``aten::layer_norm`` call, and the output is float32. CPU autocast leaves ``layer_norm``
+# alone: it runs on the bf16 input and returns bf16, with no cast. The assertions pin down
+# what this build saw.
+autocast_upcasts = [c for c in report if c.cause == "aten::layer_norm"]
+if dev.type == "cuda":
+    assert out_dtype == torch.float32
+    assert autocast_upcasts
+    assert all((c.source, c.target) == ("bfloat16", "float32") for c in autocast_upcasts)
+else:
+    assert out_dtype == torch.bfloat16
+    assert not autocast_upcasts and len(report) == 0
+
+# %%
+# A LayerNorm computed in float32 by hand
+# ---------------------------------------
+# Model code often does the upcast itself, whatever the device: cast the input to float32,
+# normalise, cast back. A :func:`torch.profiler.record_function` range names the module, so
+# the cast report names it as the cause.
+import torch.nn.functional as F
+
+
+def fp32_norm():
+    with torch.profiler.record_function("FP32LayerNorm"):
+        return F.layer_norm(x.float(), (1024,), norm.weight, norm.bias).to(x.dtype)
+
+
+assert fp32_norm().dtype == torch.bfloat16
+manual = profile_fn(fp32_norm, active=5).tree()
+manual_report = trace.casts(manual)
+manual_report.summary("pair")
+
+# %%
+# Each step has one up-cast (bf16 to float32) and one down-cast back, both caused by the
+# ``FP32LayerNorm`` range.
+ups = [c for c in manual_report if c.direction == "up-cast"]
+downs = [c for c in manual_report if c.direction == "down-cast"]
+assert len(ups) == len(downs) == 5
+assert {c.cause for c in manual_report} == {"FP32LayerNorm"}
+assert all(c.shape == (512, 1024) and c.bytes_written == 512 * 1024 * 4 for c in ups)
+
+# %%
+# The cost of the upcast against the norm
+# ---------------------------------------
+# The norm's own time is ``aten::layer_norm``; the casts are the ``aten::to`` calls beside
+# it. On a GPU the comparison is kernel time; on the CPU it is op time. Medians over the
+# five profiled steps:
+from statistics import median
+
+clock = "gpu_time" if dev.type == "cuda" else "dur"
+norm_us = median(getattr(n, clock) for n in manual.find("aten::layer_norm"))
+up_us = median(c.gpu_us if dev.type == "cuda" else c.cpu_us for c in ups)
+down_us = median(c.gpu_us if dev.type == "cuda" else c.cpu_us for c in downs)
+assert norm_us > 0 and up_us > 0 and down_us > 0
+kind = "kernel" if dev.type == "cuda" else "op"
+for label, us in [(f"layer_norm {kind} time", norm_us), ("upcast to float32", up_us),
+                  ("downcast back to bf16", down_us)]:
+    print(f"{label:<24}{us:10.1f} us  ({us / norm_us:.2f} x the norm)")
+
+# %%
+# On CUDA the autocast upcast is measured the same way, against the float32 norm it feeds.
+if dev.type == "cuda":
+    auto_up = median(c.gpu_us for c in autocast_upcasts)
+    auto_norm = median(n.gpu_time - sum(c.gpu_us for c in autocast_upcasts if c.cause_id == n.id)
+                       for n in tree.find("aten::layer_norm")
+                       if n.parent is None or n.parent.name != "aten::layer_norm")
+    assert auto_up > 0 and auto_norm > 0
+    print(f"autocast upcast: {auto_up:.1f} us of kernel time, "
+          f"{auto_up / auto_norm:.2f} x the norm's own kernels")
+
+# %%
+# What we saw
+# -----------
+# - Under autocast, LayerNorm on a bf16 input returns the dtype printed above: float32 with
+#   an upcast inside ``aten::layer_norm`` on CUDA, bf16 with no cast on the CPU.
+# - A norm computed in float32 by hand costs one up-cast and one down-cast per call; the
+#   cast report finds both and names the module.
+# - The ratios printed above are this machine's: the upcast reads and writes the whole
+#   activation, so next to a memory-bound norm it is not small.
+#
+# .. admonition:: References
+#
+#    :torchapi:`torch.nn.LayerNorm`, :torchapi:`torch.autocast`,
+#    :torchapi:`torch.profiler.record_function`, :torchdoc:`amp.html#autocast-op-reference`

@@ -1,0 +1,138 @@
+"""
+Reading your own trace
+======================
+
+How do you find the casts in your own model? Profile a few steps of it, write the chrome
+trace, and read it with ``python -m mpguide tree`` and ``python -m mpguide casts``, or with
+:mod:`mpguide.trace` in Python. We do it here for a small model and show each command with
+the output it gave on this build's machine. Traces written by :func:`torch.profiler.profile`
+directly work the same way, from CPU, CUDA or ROCm machines, as ``.json`` or ``.json.gz``.
+"""
+
+# %%
+# Setup
+# -----
+# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# else the CPU.
+import torch
+
+from mpguide import device
+
+dev = device.pick()
+device.describe(dev)
+
+# %%
+# Profile your model with mpguide
+# -------------------------------
+# Give :func:`mpguide.profiling.profile_fn` a callable that runs one step, and a path: it
+# waits one step, warms up one, records the next, and writes the trace there (gzipped for a
+# ``.gz`` name).
+import tempfile
+from pathlib import Path
+
+from mpguide.profiling import profile_fn
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512), torch.nn.Linear(512, 64)
+).to(dev)
+batch = torch.randn(32, 256, device=dev)
+
+
+def step():
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        model(batch).float().sum().backward()
+
+
+workdir = Path(tempfile.mkdtemp())
+path = workdir / "my_model.json.gz"
+recorded = profile_fn(step, path=path)
+print(f"wrote {path.name}: {path.stat().st_size / 1024:.1f} KiB, {len(recorded.events)} events")
+
+# %%
+# Or with torch.profiler itself
+# -----------------------------
+# A trace from your own profiling code is read the same way. Record shapes: the dtypes and
+# shapes of the tree and of the cast report come from them.
+from torch.profiler import ProfilerActivity, profile
+
+from mpguide import trace
+
+acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+with profile(activities=acts, record_shapes=True) as prof:
+    step()
+own = workdir / "plain_profiler.json"
+prof.export_chrome_trace(str(own))
+plain = trace.casts(trace.load(own).tree())
+assert {(c.cause, c.source, c.target) for c in plain} >= {("aten::linear", "float32", "bfloat16")}
+print(f"{len(plain)} casts in {own.name}")
+
+# %%
+# The call tree on the command line
+# ---------------------------------
+# ``tree`` prints each thread's call tree; ``--op`` picks the subtrees of one op, ``--fields``
+# the profiler args shown, ``--depth`` how deep to go. The last line counts the anomalies
+# met while nesting (overlapping or touching events, shared correlation ids, ...).
+import contextlib
+import io
+import shlex
+
+from mpguide.cli import main
+
+
+def mpguide(command: str) -> str:
+    """Run ``python -m mpguide COMMAND`` in this process and show what it prints, with paths
+    relative to the directory of the traces."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(shlex.split(command))
+    print(f"$ python -m mpguide {command}\n{out.getvalue()}".replace(f"{workdir}/", ""))
+    assert status == 0
+    return out.getvalue()
+
+
+shown = mpguide(f'tree {path} --op aten::linear --fields "Input Dims,Input type" --depth 1')
+assert "aten::linear  Input Dims: [[32, 256], [512, 256], [512]]" in shown
+
+# %%
+# The cast report on the command line
+# -----------------------------------
+# ``casts`` prints one row per cast (``--by cast``, the default) or a summary ``--by cause``,
+# ``pair``, ``direction`` or ``pass``; ``--format`` is ``table``, ``json`` or ``csv``
+# (``markdown`` too).
+shown = mpguide(f"casts {path} --by cause")
+assert "aten::linear" in shown
+
+# %%
+import json
+
+rows = json.loads(mpguide(f"casts {path} --by pair --format json"))["rows"]
+assert {(r["source"], r["target"]) for r in rows} >= {("float32", "bfloat16"),
+                                                      ("bfloat16", "float32")}
+
+# %%
+# A bad file gives one line naming the problem, and exit status 2:
+broken = workdir / "broken.json"
+broken.write_bytes(path.read_bytes()[:100])
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    assert main(["casts", str(broken)]) == 2
+print(err.getvalue().replace(str(workdir) + "/", ""))
+
+# %%
+import shutil
+
+shutil.rmtree(workdir)
+
+# %%
+# What we saw
+# -----------
+# - ``profile_fn(step, path=...)`` writes a trace that ``python -m mpguide tree`` and
+#   ``casts`` read; so does ``export_chrome_trace`` from your own profiling code.
+# - The commands print the call tree with the dtypes and shapes the profiler recorded, and
+#   the casts with their cause, as a table, JSON or CSV.
+#
+# .. admonition:: References
+#
+#    :torchapi:`torch.profiler.profile`, :torchdoc:`profiler.html`,
+#    :torchdoc:`amp.html`

@@ -1,0 +1,552 @@
+"""Read chrome traces exported by ``torch.profiler`` and build their call trees.
+
+:func:`load` reads a ``.json`` or ``.json.gz`` trace with a typed decoder; each event's
+``args`` stay undecoded until a node's fields are asked for, so a trace of a million events
+loads in seconds. :func:`build` nests the complete (``ph: "X"``) events into one tree per
+process and thread:
+
+- CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
+  first, then layer (annotation, Python, op), then file order. An interval is half-open: an
+  event starting at another's exact end follows it as a sibling.
+- GPU kernels, memcpys and memsets hang under the runtime launch with the same correlation
+  id (a graph launch gets all its kernels); a GPU event without a launch stays in its stream's
+  tree.
+- ``python_function`` events are an optional layer (``python=True``), and so are
+  ``user_annotation`` ranges such as ``ProfilerStep#N`` (``annotations=False`` leaves them
+  out). Left-out events are counted, never lost.
+
+Every other case has a defined place and is counted in :class:`Anomalies`: an event that
+overlaps its parent without nesting stays under the parent it starts in; identical intervals
+nest in file order; a correlation id shared by several launches (a merged trace of several
+ranks) links each GPU event to the latest launch that precedes it.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from functools import cached_property
+from html import escape
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from mpguide import MPGuideError
+
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+PYTHON, ANNOTATION, OP = "python_function", "user_annotation", "cpu_op"
+_LAYER_RANK = {ANNOTATION: 0, PYTHON: 1}
+ARG_FIELDS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+DEFAULT_FIELDS = ("Input Dims", "Input type")
+
+
+class Event(msgspec.Struct, gc=False):
+    """One trace event as exported; ``args`` is kept as raw JSON until needed."""
+
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _File(msgspec.Struct, gc=False):
+    traceEvents: list[Event]
+    schemaVersion: int | None = None
+    deviceProperties: list[dict[str, Any]] | None = None
+
+
+class _Link(msgspec.Struct, gc=False):
+    correlation: int | None = None
+
+
+_DECODER = msgspec.json.Decoder(_File | list[Event])
+_LINK = msgspec.json.Decoder(_Link)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The complete events of a chrome trace in file order, and how many other events it had."""
+
+    events: tuple[Event, ...]
+    other: dict[str, int]
+    source: str = ""
+    devices: tuple[dict[str, Any], ...] = ()
+
+    def tree(self, *, python: bool = False, annotations: bool = True) -> Tree:
+        """The call tree of this trace; see :func:`build`."""
+        return build(self, python=python, annotations=annotations)
+
+    def __repr__(self) -> str:
+        cats = Counter(e.cat for e in self.events)
+        kinds = ", ".join(f"{n} {c or '(none)'}" for c, n in cats.most_common())
+        return f"Trace {self.source or '(in memory)'}: {len(self.events)} events ({kinds})"
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise MPGuideError(f"{path}: no such file")
+    with path.open("rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    if not gzipped:
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (EOFError, gzip.BadGzipFile, OSError) as err:
+        raise MPGuideError(f"{path}: broken gzip file ({err})") from None
+
+
+def parse(data: bytes, source: str = "") -> Trace:
+    """A trace from the bytes of a chrome-trace JSON document."""
+    where = source or "trace"
+    try:
+        doc = _DECODER.decode(data)
+    except msgspec.ValidationError as err:
+        raise MPGuideError(f"{where}: not a chrome trace ({err})") from None
+    except msgspec.DecodeError as err:
+        raise MPGuideError(f"{where}: not valid JSON ({err})") from None
+    events = doc if isinstance(doc, list) else doc.traceEvents
+    devices = () if isinstance(doc, list) else tuple(doc.deviceProperties or ())
+    complete = tuple(e for e in events if e.ph == "X")
+    other = Counter(e.ph for e in events if e.ph != "X")
+    return Trace(complete, dict(other), source, devices)
+
+
+def load(path: str | Path) -> Trace:
+    """Read a chrome trace from ``.json`` or ``.json.gz`` (gzip is detected from the bytes)."""
+    path = Path(path)
+    return parse(_read(path), str(path))
+
+
+@dataclass(frozen=True)
+class Anomalies:
+    """How many events met each case that a plain interval nesting gets wrong."""
+
+    overlaps: int = 0
+    touching: int = 0
+    identical: int = 0
+    shared_correlation: int = 0
+    unlinked_gpu: int = 0
+    left_out: int = 0
+
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self) if f.name != "left_out")
+
+    def __repr__(self) -> str:
+        parts = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)]
+        return "anomalies: " + ", ".join(parts)
+
+
+def _args(raw: msgspec.Raw) -> dict[str, Any]:
+    value = msgspec.json.decode(raw)
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One event in a :class:`Tree`; ``id`` is its index among the trace's complete events."""
+
+    tree: Tree
+    id: int
+
+    @property
+    def event(self) -> Event:
+        return self.tree.trace.events[self.id]
+
+    @property
+    def name(self) -> str:
+        return self.event.name
+
+    @property
+    def cat(self) -> str:
+        return self.event.cat
+
+    @property
+    def start(self) -> float:
+        """Start in microseconds, as in the file."""
+        return self.event.ts
+
+    @property
+    def dur(self) -> float:
+        """Duration in microseconds."""
+        return self.event.dur
+
+    @property
+    def self_time(self) -> float:
+        """Duration less the time of the CPU children, in microseconds."""
+        return float(self.tree.self_us[self.id])
+
+    @property
+    def gpu_time(self) -> float:
+        """Time of the GPU events in this subtree, in microseconds."""
+        return float(self.tree.gpu_us[self.id])
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.cat in GPU_CATEGORIES
+
+    @cached_property
+    def args(self) -> dict[str, Any]:
+        return _args(self.event.args)
+
+    def field(self, name: str) -> Any:
+        """An ``args`` entry (``Input Dims``, ``Input type``, ...) or ``None``."""
+        return self.args.get(name)
+
+    @property
+    def parent(self) -> Node | None:
+        p = self.tree.parents[self.id]
+        return None if p < 0 else Node(self.tree, p)
+
+    @property
+    def children(self) -> list[Node]:
+        return [Node(self.tree, i) for i in self.tree.children_ids(self.id)]
+
+    def ancestors(self) -> Iterator[Node]:
+        """Parent, grandparent, ... up to the root."""
+        node = self.parent
+        while node is not None:
+            yield node
+            node = node.parent
+
+    def walk(self) -> Iterator[Node]:
+        """This node and its descendants, depth first in time order."""
+        stack = [self.id]
+        while stack:
+            i = stack.pop()
+            yield Node(self.tree, i)
+            stack.extend(reversed(self.tree.children_ids(i)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and other.tree is self.tree and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash((id(self.tree), self.id))
+
+    def __repr__(self) -> str:
+        return f"Node({self.id}, {self.name!r}, {self.cat}, {self.dur:.3f} us)"
+
+
+def _nanoseconds(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end in integer nanoseconds since the first event.
+
+    Exports write microseconds with three decimals, but a double near 4e12 us is only good
+    to about a nanosecond, so ``ts * 1000`` can round to the wrong nanosecond and nest a
+    child past its parent's end. The nanosecond kept is the one whose decimal parses to
+    exactly this ``ts``.
+    """
+    ns = np.rint(ts * 1000.0)
+    for step in (-1.0, 1.0):
+        wrong = ns / 1000.0 != ts
+        ns[wrong & ((ns + step) / 1000.0 == ts)] += step
+    start = ns.astype(np.int64)
+    start -= start.min() if len(start) else 0
+    return start, start + np.rint(dur * 1000.0).astype(np.int64)
+
+
+class Tree:
+    """Call trees of a :class:`Trace`, one per process and thread, as parent links.
+
+    Build it with :func:`build`. ``parent[i]`` is the parent's id or -1 for a root;
+    :meth:`roots` lists each thread's roots; :meth:`find` looks nodes up.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        included: np.ndarray,
+        parent: np.ndarray,
+        depth: np.ndarray,
+        order: np.ndarray,
+        anomalies: Anomalies,
+        is_gpu: np.ndarray,
+        dur_us: np.ndarray,
+    ):
+        self.trace = trace
+        self.included = included
+        self.parent = parent
+        self.depth = depth
+        self.order = order
+        self.anomalies = anomalies
+        self.is_gpu = is_gpu & included
+        self.dur_us = dur_us
+
+    def __len__(self) -> int:
+        return int(self.included.sum())
+
+    def node(self, i: int) -> Node:
+        if not (0 <= i < len(self.included)) or not self.included[i]:
+            raise MPGuideError(f"no node with id {i} in this tree")
+        return Node(self, i)
+
+    @cached_property
+    def _children(self) -> tuple[np.ndarray, np.ndarray]:
+        """Children in time order as CSR: ``ids[offsets[p]:offsets[p + 1]]``."""
+        kids = self.order[self.parent[self.order] >= 0]
+        by_parent = kids[np.argsort(self.parent[kids], kind="stable")]
+        counts = np.bincount(self.parent[by_parent], minlength=len(self.parent))
+        offsets = np.concatenate(([0], np.cumsum(counts)))
+        return by_parent, offsets
+
+    def children_ids(self, i: int) -> list[int]:
+        ids, offsets = self._children
+        return ids[offsets[i] : offsets[i + 1]].tolist()
+
+    def roots(self) -> dict[tuple[int | str, int | str], list[Node]]:
+        """Each (pid, tid)'s root nodes in time order."""
+        out: dict[tuple[int | str, int | str], list[Node]] = {}
+        events = self.trace.events
+        for i in self.order[self.parent[self.order] < 0].tolist():
+            out.setdefault((events[i].pid, events[i].tid), []).append(Node(self, i))
+        return out
+
+    @cached_property
+    def names(self) -> list[str]:
+        """Each event's name, by id."""
+        return list(map(attrgetter("name"), self.trace.events))
+
+    @cached_property
+    def parents(self) -> list[int]:
+        """``parent`` as a list, for fast walks up the tree."""
+        return self.parent.tolist()
+
+    @cached_property
+    def self_us(self) -> np.ndarray:
+        """Each node's duration less its CPU children's, in microseconds."""
+        cpu_child = (self.parent >= 0) & ~self.is_gpu
+        child_sum = np.bincount(
+            self.parent[cpu_child], weights=self.dur_us[cpu_child], minlength=len(self.parent)
+        )
+        return self.dur_us - child_sum
+
+    @cached_property
+    def gpu_us(self) -> np.ndarray:
+        """Each node's GPU time: the GPU events in its subtree, in microseconds."""
+        acc = np.where(self.is_gpu, self.dur_us, 0.0)
+        if not self.is_gpu.any():
+            return acc
+        for d in range(int(self.depth.max()), 0, -1):
+            at = np.flatnonzero((self.depth == d) & (self.parent >= 0))
+            np.add.at(acc, self.parent[at], acc[at])
+        return acc
+
+    def find(
+        self,
+        name: str | None = None,
+        *,
+        id: int | None = None,
+        predicate: Callable[[Node], bool] | None = None,
+    ) -> list[Node]:
+        """Nodes, thread by thread in time order, whose name equals ``name``, whose id is ``id``, and for which
+        ``predicate`` holds (each criterion only when given)."""
+        if id is not None:
+            return [self.node(id)]
+        events = self.trace.events
+        ids = self.order.tolist()
+        if name is not None:
+            ids = [i for i in ids if events[i].name == name]
+        nodes = [Node(self, i) for i in ids]
+        return [n for n in nodes if predicate(n)] if predicate else nodes
+
+    def render(
+        self,
+        root: Node | Sequence[Node] | None = None,
+        *,
+        fields: Sequence[str] = DEFAULT_FIELDS,
+        depth: int | None = None,
+        gpu: bool = False,
+    ) -> str:
+        """A text tree (``└── aten::matmul  Input Dims: ...``) of ``root`` or of every thread.
+
+        ``fields`` are ``args`` entries shown after the name; ``depth`` limits the levels
+        shown below each root; GPU events are shown only with ``gpu=True``.
+        """
+        lines: list[str] = []
+        for title, nodes in self._groups(root, gpu):
+            if title:
+                lines.append(title)
+            for k, node in enumerate(nodes):
+                self._render(node, "", k == len(nodes) - 1, fields, depth, gpu, lines)
+        return "\n".join(lines)
+
+    def _groups(self, root, gpu: bool) -> list[tuple[str, list[Node]]]:
+        if root is None:
+            groups = [
+                (f"process {pid}, thread {tid}", [n for n in nodes if gpu or not n.is_gpu])
+                for (pid, tid), nodes in self.roots().items()
+            ]
+            return [(title, nodes) for title, nodes in groups if nodes]
+        return [("", [root] if isinstance(root, Node) else list(root))]
+
+    def _render(self, node: Node, prefix: str, last: bool, fields, depth, gpu, lines) -> None:
+        label = node.name
+        shown = [f"{f}: {_compact(node.field(f))}" for f in fields if node.field(f) is not None]
+        lines.append(f"{prefix}{'└── ' if last else '├── '}{'  '.join([label, *shown])}")
+        if depth is not None and depth <= 0:
+            return
+        kids = [c for c in node.children if gpu or not c.is_gpu]
+        inner = prefix + ("    " if last else "│   ")
+        for k, child in enumerate(kids):
+            self._render(
+                child,
+                inner,
+                k == len(kids) - 1,
+                fields,
+                None if depth is None else depth - 1,
+                gpu,
+                lines,
+            )
+
+    def html(self, root: Node | Sequence[Node] | None = None, **kw: Any) -> str:
+        """The text rendering in a ``<pre>`` block, for notebooks and the site."""
+        return f'<pre class="mpguide-tree">{escape(self.render(root, **kw))}</pre>'
+
+    def __repr__(self) -> str:
+        threads = len(self.roots())
+        return f"Tree of {len(self)} events in {threads} thread(s); {self.anomalies!r}"
+
+    def _repr_html_(self) -> str:
+        return f"<p>{escape(repr(self))}</p>"
+
+
+def _compact(value: Any) -> str:
+    return msgspec.json.encode(value).decode().replace(",", ", ").replace('"', "'")
+
+
+_RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
+
+
+def _codes(values: list) -> tuple[np.ndarray, list]:
+    """Each value's index among the distinct values, and the distinct values."""
+    distinct = list(dict.fromkeys(values))
+    index = {v: k for k, v in enumerate(distinct)}
+    return np.fromiter(map(index.__getitem__, values), np.int64, len(values)), distinct
+
+
+def _link_gpu(
+    events: Sequence[Event],
+    candidates: np.ndarray,
+    is_gpu: np.ndarray,
+    start: np.ndarray,
+    parent: np.ndarray,
+) -> tuple[np.ndarray, int]:
+    """Parent every GPU event to its launch; return the mask of linked events and the number
+    of GPU events whose correlation id several launches share."""
+    launches: dict[int, list[int]] = {}
+    gpu: list[tuple[int, int]] = []
+    for i in candidates.tolist():
+        corr = _LINK.decode(events[i].args).correlation
+        if corr is None:
+            continue
+        if is_gpu[i]:
+            gpu.append((i, corr))
+        else:
+            launches.setdefault(corr, []).append(i)
+    linked = np.zeros(len(events), dtype=bool)
+    shared = 0
+    for i, corr in gpu:
+        found = launches.get(corr)
+        if not found:
+            continue
+        if len(found) > 1:
+            shared += 1
+            before = [j for j in found if start[j] <= start[i]]
+            found = [max(before, key=lambda j: start[j])] if before else found
+        parent[i] = found[0]
+        linked[i] = True
+    return linked, shared
+
+
+def _nest(
+    order: list[int],
+    start: list[int],
+    end: list[int],
+    thread: list[int],
+    parent: list[int],
+    depth: list[int],
+) -> tuple[int, int, int]:
+    """Nest events given in (thread, start, longest first) order with one stack per thread;
+    fill ``parent`` and ``depth``; return the overlap, touching and identical counts."""
+    overlaps = touching = identical = 0
+    stack: list[int] = []
+    current = -1
+    for i in order:
+        if thread[i] != current:
+            current, stack = thread[i], []
+        s, e = start[i], end[i]
+        while stack and end[stack[-1]] <= s:
+            done = stack.pop()
+            if end[done] == s and start[done] < s:
+                touching += 1
+        if stack:
+            p = stack[-1]
+            parent[i] = p
+            depth[i] = len(stack)
+            if e > end[p]:
+                overlaps += 1
+            elif s == start[p] and e == end[p]:
+                identical += 1
+        stack.append(i)
+    return overlaps, touching, identical
+
+
+def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
+    """Nest a trace's complete events into per-thread call trees (see the module docs)."""
+    events = trace.events
+    n = len(events)
+    cat, cats = _codes(list(map(attrgetter("cat"), events)))
+    left_out = {PYTHON} if not python else set()
+    left_out |= {ANNOTATION} if not annotations else set()
+    included = ~np.isin(cat, [k for k, c in enumerate(cats) if c in left_out])
+    is_gpu = np.isin(cat, [k for k, c in enumerate(cats) if c in GPU_CATEGORIES])
+    runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in _RUNTIME_CATEGORIES])
+    rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int64)[cat]
+    ts = np.fromiter(map(attrgetter("ts"), events), float, n)
+    dur = np.fromiter(map(attrgetter("dur"), events), float, n)
+    if n and (not np.isfinite(ts).all() or not np.isfinite(dur).all() or (dur < 0).any()):
+        raise MPGuideError(f"{trace.source or 'trace'}: an event has a non-finite or negative time")
+    start, end = _nanoseconds(ts, dur)
+    parent = np.full(n, -1, dtype=np.int64)
+    linked, shared = _link_gpu(
+        events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
+    )
+    thread, _ = _codes(list(map(attrgetter("pid", "tid"), events)))
+
+    nested = np.flatnonzero(included & ~linked)
+    # One stable sort: thread, then start, then longest first, then layer, then file order.
+    by_length = (start - end)[nested] * 4 + rank[nested]
+    nested = nested[np.lexsort((by_length, start[nested], thread[nested]))]
+    par, dep = parent.tolist(), [0] * n
+    overlaps, touching, identical = _nest(
+        nested.tolist(), start.tolist(), end.tolist(), thread.tolist(), par, dep
+    )
+    parent = np.array(par, dtype=np.int64)
+    depth = np.array(dep, dtype=np.int64)
+    linked_ids = np.flatnonzero(linked)
+    depth[linked_ids] = depth[parent[linked_ids]] + 1
+    order = np.concatenate((nested, linked_ids))
+    anomalies = Anomalies(
+        overlaps=overlaps,
+        touching=touching,
+        identical=identical,
+        shared_correlation=shared,
+        unlinked_gpu=int((is_gpu & included & ~linked).sum()),
+        left_out=int(n - included.sum()),
+    )
+    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, dur)
+
+
+def casts(tree: Tree):
+    """The cast report of a tree: see :func:`mpguide.casts.report`."""
+    from mpguide.casts import report
+
+    return report(tree)

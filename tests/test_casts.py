@@ -1,0 +1,140 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from mpguide import casts, trace, tracegen
+
+DATA = Path(__file__).parent / "data"
+BASE = 4_402_438_546_149.513
+
+
+def op(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def report_of(*events):
+    doc = json.dumps({"traceEvents": list(events)}).encode()
+    return casts.report(trace.parse(doc).tree())
+
+
+def to_chain(ts, shape, src, dst, code, dur=10.0, concrete=True):
+    to_args = {
+        "Input type": [src, "Scalar", "Scalar", "Scalar", ""],
+        "Input Dims": [shape, [], [], [], []],
+    }
+    if concrete:
+        to_args["Concrete Inputs"] = ["", code, "False", "False", ""]
+    return [
+        op("aten::to", ts, dur, **to_args),
+        op("aten::_to_copy", ts + 1, dur - 2, **{"Input type": [src], "Input Dims": [shape]}),
+        op(
+            "aten::copy_",
+            ts + 2,
+            dur - 4,
+            **{"Input type": [dst, src, "Scalar"], "Input Dims": [shape, shape, []]},
+        ),
+    ]
+
+
+def test_real_autocast_matmul_casts():
+    report = trace.casts(trace.load(DATA / "autocast_matmul.json.gz").tree())
+    by_cause = {c.cause: c for c in report}
+    down = by_cause["aten::matmul"]
+    assert (down.source, down.target, down.direction) == ("float32", "bfloat16", "down-cast")
+    assert down.shape == (32, 16)
+    assert (down.bytes_read, down.bytes_written) == (32 * 16 * 4, 32 * 16 * 2)
+    assert down.op == "aten::to" and not down.backward
+    up = [c for c in report if c.source == "bfloat16" and c.target == "float32"]
+    assert len(up) == 1 and up[0].shape == (64, 16) and up[0].direction == "up-cast"
+    assert 0 < down.share < 1
+
+
+def test_real_train_step_finds_backward_casts():
+    report = trace.casts(trace.load(DATA / "train_step.json.gz").tree())
+    backward = [c for c in report if c.backward]
+    assert backward and all(c.pass_ == "backward" for c in backward)
+    assert any(c.cause == "ToCopyBackward0" and c.source == "bfloat16" for c in backward)
+    forward_linear = [c for c in report if c.cause == "aten::linear"]
+    assert forward_linear and all(c.target == "bfloat16" for c in forward_linear)
+
+
+def test_one_row_per_chain_with_its_cause():
+    events = [
+        op("aten::layer_norm", BASE, 100.0),
+        *to_chain(BASE + 5, [8, 4], "c10::BFloat16", "float", "6"),
+        op("aten::native_layer_norm", BASE + 20, 50.0),
+    ]
+    report = report_of(*events)
+    (cast,) = report.casts
+    assert (cast.cause, cast.source, cast.target) == ("aten::layer_norm", "bfloat16", "float32")
+    assert (cast.bytes_read, cast.bytes_written) == (64, 128)
+    row = report.summary("cause").records()[0]
+    assert row["cpu us"] == 10.0 and row["op cpu us"] == 90.0
+
+
+def test_same_dtype_copies_are_not_casts():
+    assert len(report_of(*to_chain(BASE, [4], "float", "float", "6"))) == 0
+
+
+def test_target_from_copy_when_concrete_inputs_are_missing():
+    (cast,) = report_of(*to_chain(BASE, [4], "float", "c10::Half", "5", concrete=False))
+    assert (cast.source, cast.target) == ("float32", "float16")
+
+
+def test_a_bare_copy_is_a_cast_and_python_frames_are_not_causes():
+    report = report_of(
+        op("aten::mul", BASE, 50.0),
+        op("train.py(4): step", BASE + 1, 40.0, "python_function"),
+        op("aten::copy_", BASE + 2, 5.0, **{"Input type": ["float", "double"]}),
+    )
+    (cast,) = report.casts
+    assert (cast.cause, cast.source, cast.target) == ("aten::mul", "float64", "float32")
+    assert cast.shape is None and cast.bytes_read is None
+
+
+def test_compiled_convert_kernels_are_casts_of_unknown_dtypes():
+    (cast,) = report_of(op("cpp_fused__to_copy_add_0", BASE, 5.0))
+    assert cast.source == cast.target == "?" and cast.direction == "?"
+
+
+def test_fp8_scalar_type_codes():
+    (cast,) = report_of(*to_chain(BASE, [16], "c10::BFloat16", "c10::Float8_e4m3fn", "24"))
+    assert cast.target == "float8_e4m3fn" and cast.bytes_written == 16
+
+
+def test_gpu_time_and_summaries_on_a_generated_gpu_trace():
+    events = list(tracegen.generate(200, gpu=True, layers_per_step=1))
+    doc = json.dumps({"traceEvents": [tracegen._json(e) for e in events]}).encode()
+    tree = trace.parse(doc).tree()
+    report = casts.report(tree)
+    assert len(report) > 0
+    for c in report:
+        kernels = [n for n in tree.node(c.id).walk() if n.is_gpu]
+        assert kernels and c.gpu_us == pytest.approx(sum(k.dur for k in kernels))
+    causes = {r["cause"] for r in report.summary("cause").records()}
+    assert causes == {"aten::linear", "aten::layer_norm"}
+    pairs = report.summary("pair").records()
+    assert sum(r["casts"] for r in pairs) == len(report)
+    directions = {r["direction"] for r in report.summary("direction").records()}
+    assert directions == {"down-cast", "up-cast"}
+    assert report.summary("pass").records()[0]["pass"] == "forward"
+    with pytest.raises(ValueError, match="unknown summary 'dtype'"):
+        report.summary("dtype")
+
+
+def test_renderings():
+    report = report_of(*to_chain(BASE, [4], "float", "c10::BFloat16", "15"))
+    assert "float32  bfloat16  1" in repr(report.summary("pair"))
+    html = report._repr_html_()
+    assert "<table" in html and "1 casts" in html
+    assert json.loads(report.table().to_json())["rows"][0]["target"] == "bfloat16"

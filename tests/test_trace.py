@@ -1,0 +1,335 @@
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpguide import MPGuideError, trace, tracegen
+
+DATA = Path(__file__).parent / "data"
+BASE = 4_402_438_546_149.513
+
+
+def op(name, ts, dur, cat="cpu_op", pid=1, tid=1, **args):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def tree_of(*events, python=True, **kw):
+    doc = {"traceEvents": list(events)}
+    return trace.parse(json.dumps(doc).encode()).tree(python=python, **kw)
+
+
+def placed_once(tree):
+    """Every included event is reached exactly once walking down from the roots."""
+    seen = [n.id for nodes in tree.roots().values() for root in nodes for n in root.walk()]
+    return sorted(seen) == sorted(i for i in range(len(tree.included)) if tree.included[i])
+
+
+def parent_name(tree, i):
+    p = tree.node(i).parent
+    return None if p is None else p.name
+
+
+# Real traces recorded on this machine by tests/data/record.py
+
+
+def test_real_autocast_matmul_tree():
+    tr = trace.load(DATA / "autocast_matmul.json.gz")
+    tree = tr.tree()
+    assert placed_once(tree)
+    assert tree.anomalies.total() == 0
+    (step,) = tree.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+    outer = next(n for n in step.children if n.name == "aten::matmul")
+    assert outer.field("Input type") == ["c10::BFloat16", "float"]
+    kids = [c.name for c in outer.children]
+    assert kids == ["aten::to", "aten::matmul"]
+    chain = [n.name for n in outer.children[0].walk()]
+    assert chain[:2] == ["aten::to", "aten::_to_copy"] and "aten::copy_" in chain
+    assert outer.self_time == pytest.approx(outer.dur - sum(c.dur for c in outer.children))
+    assert outer.gpu_time == 0
+
+
+def test_real_train_step_has_backward_nodes():
+    tree = trace.load(DATA / "train_step.json.gz").tree()
+    assert placed_once(tree)
+    names = {n.name for n in tree.find()}
+    assert any(n.startswith("autograd::engine::evaluate_function") for n in names)
+    assert "ToCopyBackward0" in names
+
+
+def test_python_layer_is_optional_and_counted():
+    py = op("model.py(3): forward", BASE, 100.0, cat="python_function")
+    mm = op("aten::mm", BASE + 10, 50.0)
+    without = tree_of(py, mm, python=False)
+    assert without.anomalies.left_out == 1 and len(without) == 1
+    with_py = tree_of(py, mm)
+    assert parent_name(with_py, 1) == "model.py(3): forward"
+    no_annotations = tree_of(
+        op("ProfilerStep#1", BASE, 100.0, cat="user_annotation"), mm, annotations=False
+    )
+    assert no_annotations.anomalies.left_out == 1 and no_annotations.node(1).parent is None
+
+
+# Nesting edge cases: each has a defined place and is counted
+
+
+def test_overlap_stays_under_the_parent_it_starts_in():
+    tree = tree_of(
+        op("parent", BASE, 10.0), op("late", BASE + 5, 10.0), op("inside late", BASE + 12, 1.0)
+    )
+    assert parent_name(tree, 1) == "parent"
+    assert parent_name(tree, 2) == "late"
+    assert tree.anomalies.overlaps == 1
+    assert placed_once(tree)
+
+
+def test_event_at_parent_end_is_a_sibling():
+    tree = tree_of(op("a", BASE, 10.0), op("b", BASE + 10, 5.0), op("zero", BASE + 15, 0.0))
+    assert tree.node(1).parent is None and tree.node(2).parent is None
+    assert tree.anomalies.touching == 2
+    assert placed_once(tree)
+
+
+def test_identical_intervals_nest_in_file_order():
+    tree = tree_of(op("first", BASE, 10.0), op("second", BASE, 10.0))
+    assert parent_name(tree, 1) == "first"
+    assert tree.anomalies.identical == 1
+
+
+def test_identical_intervals_nest_by_layer_before_file_order():
+    tree = tree_of(
+        op("aten::add", BASE, 10.0),
+        op("f.py(1): f", BASE, 10.0, "python_function"),
+        op("range", BASE, 10.0, "user_annotation"),
+    )
+    assert parent_name(tree, 1) == "range"
+    assert parent_name(tree, 0) == "f.py(1): f"
+
+
+def test_float_rounding_cannot_mis_nest():
+    # Both end at ...948155.971 us, but in binary floating point the child ends later.
+    parent = op("parent", 4421659939713.062, 8442.909)
+    child = op("child", 4421659947910.781, 245.19)
+    assert child["ts"] + child["dur"] > parent["ts"] + parent["dur"]
+    tree = tree_of(parent, child)
+    assert parent_name(tree, 1) == "parent"
+    assert tree.anomalies.overlaps == 0
+
+
+def test_threads_and_processes_get_their_own_trees():
+    tree = tree_of(
+        op("a", BASE, 10.0), op("b", BASE + 1, 1.0, tid=2), op("c", BASE + 1, 1.0, pid=2)
+    )
+    assert len(tree.roots()) == 3
+    assert all(tree.node(i).parent is None for i in range(3))
+
+
+def test_bad_times_are_an_error():
+    with pytest.raises(MPGuideError, match="negative time"):
+        tree_of(op("a", BASE, -1.0))
+
+
+# GPU events
+
+
+def launch(ts, corr, name="cudaLaunchKernel", cat="cuda_runtime", pid=1):
+    return op(name, ts, 5.0, cat=cat, pid=pid, correlation=corr)
+
+
+def kernel(ts, corr, dur=20.0, pid=0, cat="kernel"):
+    return op(f"kernel_{corr}", ts, dur, cat=cat, pid=pid, tid=7, correlation=corr)
+
+
+def test_kernels_hang_under_their_launch_and_count_in_gpu_time():
+    tree = tree_of(
+        op("aten::mm", BASE, 20.0),
+        launch(BASE + 2, 7),
+        kernel(BASE + 30, 7, 40.0),
+        kernel(BASE + 100, 8),
+    )
+    assert parent_name(tree, 1) == "aten::mm"
+    assert parent_name(tree, 2) == "cudaLaunchKernel"
+    assert tree.node(0).gpu_time == 40.0
+    assert tree.node(0).self_time == 15.0
+    assert tree.node(3).parent is None and tree.anomalies.unlinked_gpu == 1
+    assert placed_once(tree)
+    text = tree.render(fields=[])
+    assert "kernel_7" not in text and "cudaLaunchKernel" in text
+    assert "kernel_7" in tree.render(fields=[], gpu=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "cat"),
+    [
+        ("hipLaunchKernel", "cuda_runtime"),
+        ("hipLaunchKernel", "hip_runtime"),
+        ("cudaMemcpyAsync", "cuda_runtime"),
+    ],
+)
+def test_rocm_launches_and_memcpys_link(name, cat):
+    tree = tree_of(launch(BASE, 3, name, cat), kernel(BASE + 10, 3, cat="gpu_memcpy"))
+    assert parent_name(tree, 1) == name
+
+
+def test_a_graph_launch_fans_out_to_all_its_kernels():
+    tree = tree_of(
+        launch(BASE, 5, "cudaGraphLaunch"), *(kernel(BASE + 10 + 30 * k, 5) for k in range(3))
+    )
+    assert [c.id for c in tree.node(0).children] == [1, 2, 3]
+    assert tree.node(0).gpu_time == 60.0
+
+
+def test_merged_ranks_with_colliding_correlation_ids():
+    tree = tree_of(
+        launch(BASE, 1, pid=10),
+        launch(BASE + 1000, 1, pid=20),
+        kernel(BASE + 10, 1, pid=0),
+        kernel(BASE + 1010, 1, pid=1),
+    )
+    assert tree.node(2).parent.id == 0
+    assert tree.node(3).parent.id == 1
+    assert tree.anomalies.shared_correlation == 2
+    assert placed_once(tree)
+
+
+# Reading files
+
+
+def test_load_json_gzip_and_bare_list(tmp_path):
+    events = [op("a", BASE, 10.0), {"ph": "M", "name": "process_name", "pid": 1, "tid": 0}]
+    plain = tmp_path / "t.json"
+    plain.write_text(json.dumps({"traceEvents": events}))
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(events))
+    for path in (plain, gz, bare):
+        tr = trace.load(path)
+        assert [e.name for e in tr.events] == ["a"]
+        assert tr.other == {"M": 1}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"traceEvents": [{"ph": "X", "na', "not valid JSON"),
+        (b"hello", "not valid JSON"),
+        (b'{"events": []}', "not a chrome trace"),
+        (b'{"traceEvents": [{"ph": "X", "ts": "soon"}]}', "not a chrome trace"),
+        (b"[1, 2]", "not a chrome trace"),
+        (b"\x1f\x8b\x08\x00truncated", "broken gzip"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(MPGuideError, match=message) as err:
+        trace.load(path)
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(MPGuideError, match="no such file"):
+        trace.load(tmp_path / "absent.json")
+
+
+# Finding and rendering
+
+
+def test_find_by_name_id_and_predicate():
+    tree = tree_of(
+        op("aten::mm", BASE, 10.0),
+        op("aten::add", BASE + 20, 10.0),
+        op("aten::mm", BASE + 40, 30.0),
+    )
+    assert [n.id for n in tree.find("aten::mm")] == [0, 2]
+    assert tree.find(id=1)[0].name == "aten::add"
+    assert [n.id for n in tree.find("aten::mm", predicate=lambda n: n.dur > 20)] == [2]
+    with pytest.raises(MPGuideError, match="no node with id 9"):
+        tree.node(9)
+
+
+def test_render_fields_and_depth():
+    dims = [[2048, 1024], [1024, 4096]]
+    tree = tree_of(
+        op(
+            "aten::matmul",
+            BASE,
+            10.0,
+            **{"Input Dims": dims, "Input type": ["c10::BFloat16", "float"]},
+        ),
+        op("aten::to", BASE + 1, 2.0),
+        op("aten::_to_copy", BASE + 1.5, 1.0),
+    )
+    text = tree.render(depth=1)
+    assert (
+        "└── aten::matmul  Input Dims: [[2048, 1024], [1024, 4096]]  "
+        "Input type: ['c10::BFloat16', 'float']"
+    ) in text
+    assert "    └── aten::to" in text and "_to_copy" not in text
+    assert "Input Dims" not in tree.render(fields=["Input type"])
+    html = tree.html(tree.node(0))
+    assert html.startswith('<pre class="mpguide-tree">') and "&#x27;float&#x27;" in html
+
+
+# Properties: no event is ever dropped
+
+
+events_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 2),
+        st.integers(0, 50),
+        st.integers(0, 30),
+        st.sampled_from(["cpu_op", "python_function", "user_annotation", "kernel", "cuda_runtime"]),
+        st.integers(0, 4),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events_strategy)
+def test_any_trace_keeps_every_event_exactly_once(raw):
+    events = []
+    for tid, start, dur, cat, corr in raw:
+        args = {"correlation": corr} if cat in ("kernel", "cuda_runtime") else {}
+        events.append(op(f"e{len(events)}", BASE + start / 8, dur / 4, cat=cat, tid=tid, **args))
+    tree = tree_of(*events)
+    assert placed_once(tree)
+    for i in range(len(events)):
+        depth, node = 0, tree.node(i)
+        while node.parent is not None:
+            node, depth = node.parent, depth + 1
+            assert depth <= len(events)
+        assert depth == tree.depth[i]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 300), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 9))
+def test_generated_traces_nest_as_generated(ops, python, gpu, threads, seed):
+    generated = list(
+        tracegen.generate(
+            ops, python=python, gpu=gpu, threads=threads, layers_per_step=1, seed=seed
+        )
+    )
+    doc = {"traceEvents": [tracegen._json(e) for e in generated]}
+    tree = trace.parse(json.dumps(doc).encode()).tree(python=True)
+    nodes = [k for k, e in enumerate(generated) if e["ph"] == "X"]
+    assert len(tree) == len(nodes)
+    assert placed_once(tree)
+    assert tree.anomalies.total() == 0
+    node_of = {k: i for i, k in enumerate(nodes)}
+    for k in nodes:
+        want = generated[k]["parent"]
+        assert tree.parent[node_of[k]] == (node_of[want] if want >= 0 else -1)
