@@ -60,19 +60,35 @@ class Variant:
         return replace(self, name=f"{self.name} + compile", compile=True)
 
 
+VARIANTS = {
+    "fp32": Variant("fp32"),
+    "bf16": Variant("bf16 weights", torch.bfloat16),
+    "fp16": Variant("fp16 weights", torch.float16),
+    "autocast-bf16": Variant("autocast bf16", autocast=torch.bfloat16),
+    "autocast-fp16": Variant("autocast fp16", autocast=torch.float16),
+}
+"""The variants by the short names readers type; ``NAME+compile`` compiles one."""
+
+
+def variant(name: str) -> Variant:
+    """The variant a short name stands for (see :data:`VARIANTS`), or raise ``MPGuideError``."""
+    base, plus, suffix = name.strip().partition("+")
+    if base not in VARIANTS or (plus and suffix != "compile"):
+        raise MPGuideError(
+            f"unknown variant {name!r}; choose among {', '.join(VARIANTS)}, "
+            "each optionally followed by +compile"
+        )
+    return VARIANTS[base].compiled() if plus else VARIANTS[base]
+
+
 def standard(dev: torch.device | str | None = None) -> tuple[Variant, ...]:
     """fp32, the model cast to bf16 and to fp16, fp32 weights under autocast bf16, and (on
     CUDA) under autocast fp16."""
     dev = _device.pick() if dev is None else torch.device(dev)
-    out = [
-        Variant("fp32"),
-        Variant("bf16 weights", torch.bfloat16),
-        Variant("fp16 weights", torch.float16),
-        Variant("autocast bf16", autocast=torch.bfloat16),
-    ]
+    names = ["fp32", "bf16", "fp16", "autocast-bf16"]
     if dev.type == "cuda":
-        out.append(Variant("autocast fp16", autocast=torch.float16))
-    return tuple(out)
+        names.append("autocast-fp16")
+    return tuple(VARIANTS[n] for n in names)
 
 
 def parameter_bytes(model: nn.Module) -> int:
