@@ -97,6 +97,21 @@ def parameter_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+COLUMNS = (
+    "variant",
+    "weights",
+    "logits",
+    "max error",
+    "mean error",
+    "same class %",
+    "params KiB",
+    "peak KiB",
+    "median ms",
+    "IQR ms",
+    "items/s",
+)
+
+
 @dataclass(frozen=True)
 class Result:
     """One variant measured against the float32 model."""
@@ -114,6 +129,28 @@ class Result:
     @property
     def name(self) -> str:
         return self.variant.name
+
+    def row(self) -> tuple:
+        """The cells of this result under :data:`COLUMNS`."""
+        return (
+            self.name,
+            _describe_weights(self.variant),
+            self.output,
+            self.max_error,
+            self.mean_error,
+            100 * self.agreement,
+            self.parameter_bytes / 2**10,
+            self.peak_bytes / 2**10,
+            self.latency.median * 1e3,
+            self.latency.spread * 1e3,
+            self.latency.throughput,
+        )
+
+    def __repr__(self) -> str:
+        return Table(COLUMNS, (self.row(),)).to_text()
+
+    def _repr_html_(self) -> str:
+        return Table(COLUMNS, (self.row(),)).to_html()
 
 
 def _describe_weights(v: Variant) -> str:
@@ -152,41 +189,9 @@ class Comparison:
         return f"{self.items} inputs per forward pass, {self.machine.caption()}"
 
     def table(self) -> Table:
-        rows = tuple(
-            (
-                r.name,
-                _describe_weights(r.variant),
-                r.output,
-                r.max_error,
-                r.mean_error,
-                f"{r.agreement:.2%}",
-                r.parameter_bytes / 2**10,
-                r.peak_bytes / 2**10,
-                r.latency.median * 1e3,
-                r.latency.spread * 1e3,
-                r.latency.throughput,
-            )
-            for r in self.results
-        )
+        """One row per variant; the notes list the noisy latencies."""
         notes = tuple(f"{r.name}: {w}" for r in self.results for w in r.latency.warnings)
-        return Table(
-            (
-                "variant",
-                "weights",
-                "logits",
-                "max error",
-                "mean error",
-                "same class",
-                "params KiB",
-                "peak KiB",
-                "median ms",
-                "IQR ms",
-                "items/s",
-            ),
-            rows,
-            self.caption,
-            notes,
-        )
+        return Table(COLUMNS, tuple(r.row() for r in self.results), self.caption, notes)
 
     def __repr__(self) -> str:
         return self.table().to_text()

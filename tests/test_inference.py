@@ -62,7 +62,8 @@ def test_the_original_model_is_left_alone(comparison, model):
 def test_table_has_a_row_per_variant(comparison):
     table = comparison.table()
     assert table.column("variant") == comparison.names
-    assert "same class" in table.columns and "<table" in comparison._repr_html_()
+    assert "same class %" in table.columns and "<table" in comparison._repr_html_()
+    assert repr(comparison["fp32"]).splitlines()[0].split()[0] == "variant"
 
 
 def _fake(name, weights, agreement, params, times, nonfinite=0, autocast=None):
