@@ -20,13 +20,6 @@ from mpguide import MPGuideError, timing
 from mpguide import device as _device
 from mpguide.table import Table
 
-_SHORT = {
-    torch.float32: "fp32",
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float64: "fp64",
-}
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -99,7 +92,6 @@ def parameter_bytes(model: nn.Module) -> int:
 
 COLUMNS = (
     "variant",
-    "weights",
     "logits",
     "max error",
     "mean error",
@@ -134,7 +126,6 @@ class Result:
         """The cells of this result under :data:`COLUMNS`."""
         return (
             self.name,
-            _describe_weights(self.variant),
             self.output,
             self.max_error,
             self.mean_error,
@@ -151,11 +142,6 @@ class Result:
 
     def _repr_html_(self) -> str:
         return Table(COLUMNS, (self.row(),)).to_html()
-
-
-def _describe_weights(v: Variant) -> str:
-    base = _SHORT.get(v.weights, _device.dtype_name(v.weights))
-    return base if v.autocast is None else f"{base}, autocast {_SHORT[v.autocast]}"
 
 
 @dataclass(frozen=True)

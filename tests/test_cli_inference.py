@@ -112,5 +112,5 @@ def test_as_a_process(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].startswith("variant,weights,logits")
+    assert proc.stdout.splitlines()[0].startswith("variant,logits,max error")
     assert "fp16 weights" in proc.stdout
