@@ -176,7 +176,10 @@ class Comparison:
 
     def table(self) -> Table:
         """One row per variant; the notes list the noisy latencies."""
-        notes = tuple(f"{r.name}: {w}" for r in self.results for w in r.latency.warnings)
+        warned = [
+            f"{r.name}: {', '.join(r.latency.warnings)}" for r in self.results if r.latency.warnings
+        ]
+        notes = (f"latency warnings: {'; '.join(warned)}",) if warned else ()
         return Table(COLUMNS, tuple(r.row() for r in self.results), self.caption, notes)
 
     def __repr__(self) -> str:

@@ -64,9 +64,15 @@ class Latency:
         return _quartiles(self.times)[1]
 
     @property
+    def quartiles(self) -> tuple[float, float]:
+        """The first and third quartiles, in seconds."""
+        q1, _, q3 = _quartiles(self.times)
+        return q1, q3
+
+    @property
     def spread(self) -> float:
         """The interquartile range, in seconds."""
-        q1, _, q3 = _quartiles(self.times)
+        q1, q3 = self.quartiles
         return q3 - q1
 
     @property

@@ -33,6 +33,7 @@ def test_samples_are_clock_differences_between_synchronisations():
     )
     assert lat.times == (0.004, 0.001, 0.002, 0.003, 0.005)
     assert lat.median == pytest.approx(0.003)
+    assert lat.quartiles == pytest.approx((0.002, 0.004))
     assert lat.spread == pytest.approx(0.004 - 0.002)
     assert lat.throughput == pytest.approx(8 / 0.003)
     assert log[:3] == ["call", "call", "sync"]

@@ -139,15 +139,17 @@ final
 # %%
 # Error against latency
 # ---------------------
-# Each point is a variant: its median latency with the interquartile range as a bar, and the
-# largest error of its logits against fp32 (fp32 itself sits at zero). Circles come from the
-# first run, the square from the second run with the compiled variant.
+# Each point is a variant: its median latency with a bar from the first to the third quartile,
+# and the largest error of its logits against fp32 (fp32 itself sits at zero). Circles come
+# from the first run, the square from the second run with the compiled variant.
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(7, 4.5))
 points = [(r, "o") for r in first.results] + [(compiled, "s")]
 for r, marker in points:
-    ax.errorbar(r.latency.median * 1e3, r.max_error, xerr=r.latency.spread * 1e3 / 2,
+    q1, q3 = r.latency.quartiles
+    median = r.latency.median
+    ax.errorbar(median * 1e3, r.max_error, xerr=[[(median - q1) * 1e3], [(q3 - median) * 1e3]],
                 fmt=marker, capsize=3, label=r.name)
 nonzero = [r.max_error for r, _ in points if r.max_error > 0]
 ax.set_yscale("symlog", linthresh=min(nonzero) / 2)
