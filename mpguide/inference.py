@@ -288,3 +288,36 @@ def guide(comparison: Comparison, min_agreement: float = 0.99) -> list[str]:
             parts.append("is not clearly faster or slower: the gap is within the spreads")
         out.append(f"{r.name} " + ", ".join(parts) + ".")
     return out
+
+
+def choices(comparison: Comparison, min_agreement: float = 0.99) -> list[str]:
+    """The choices the table supports among the variants that keep the predictions (finite
+    logits, agreement with the first variant of at least ``min_agreement``): the closest to
+    the baseline, the least parameter memory, and the fastest, said to be ahead of the
+    runner-up only when the gap exceeds both spreads."""
+    base = comparison.results[0]
+    keep = [r for r in comparison.results if r.nonfinite == 0 and r.agreement >= min_agreement]
+    kept = f"keeping {min_agreement:.0%} of {base.name}'s predicted classes"
+    lower = [r for r in keep if r is not base]
+    out = []
+    if lower:
+        closest = min(lower, key=lambda r: r.mean_error)
+        out.append(
+            f"Closest to {base.name} while {kept}: {closest.name} "
+            f"(mean logit error {closest.mean_error:.2e})."
+        )
+    least = min(r.parameter_bytes for r in keep)
+    names = ", ".join(r.name for r in keep if r.parameter_bytes == least)
+    out.append(f"Least parameter memory while {kept}: {names} ({least / 2**10:.1f} KiB).")
+    ranked = sorted(keep, key=lambda r: r.latency.median)
+    fastest = ranked[0]
+    line = f"Fastest while {kept}: {fastest.name} ({fastest.latency.median * 1e3:.2f} ms median)"
+    if len(ranked) > 1:
+        second = ranked[1]
+        ahead = fastest.latency.clearly_below(second.latency)
+        line += (
+            f", {'clearly ahead of' if ahead else 'within the spreads of'} {second.name} "
+            f"({second.latency.median * 1e3:.2f} ms)"
+        )
+    out.append(line + ".")
+    return out

@@ -123,6 +123,22 @@ def test_guide_states_only_relations_that_hold():
 
 # Importing inductor warns from inside torch 2.13 itself (torch.utils.mkldnn).
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_choices_name_the_closest_smallest_and_fastest_that_keep_predictions():
+    closest, least, fastest = inference.choices(_fake_comparison())
+    assert closest.startswith("Closest to fp32 while keeping 99% of fp32's predicted classes:")
+    assert "bf16 weights" in least and "fp16 weights" not in least  # fp16 had inf logits
+    assert fastest.startswith("Fastest while keeping 99% of fp32's predicted classes: bf16")
+    assert "clearly ahead of fp32" in fastest
+    loose = inference.choices(_fake_comparison(), min_agreement=0.8)[2]
+    assert "autocast bf16" in loose.split("(")[0] and "clearly ahead of bf16 weights" in loose
+
+
+def test_choices_say_when_the_fastest_is_within_the_spread():
+    comp = _fake_comparison()
+    near = inference.Comparison((comp["fp32"], comp["slow"]), comp.machine, 4)
+    assert "within the spreads of" in inference.choices(near)[-1]
+
+
 def test_compiled_variant_matches_its_eager_twin(model, inputs):
     bf16 = inference.Variant("bf16 weights", torch.bfloat16)
     comp = inference.compare(
