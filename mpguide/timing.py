@@ -7,7 +7,9 @@ and goes hits all of them alike. The clock and the synchronisation are arguments
 statistics can be tested with a fake clock.
 
 Peak memory: on CUDA, the caching allocator's peak statistic; on the CPU, the allocation
-events the profiler records (``profile_memory=True``), summed in time order.
+events the profiler records (``profile_memory=True``), summed in time order. Both count what
+goes through PyTorch's allocators, not scratch memory a library such as oneDNN allocates
+itself.
 """
 
 from __future__ import annotations
