@@ -121,8 +121,6 @@ def test_guide_states_only_relations_that_hold():
     assert "not clearly faster or slower" in lines["slow"]
 
 
-# Importing inductor warns from inside torch 2.13 itself (torch.utils.mkldnn).
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_choices_name_the_closest_smallest_and_fastest_that_keep_predictions():
     closest, least, fastest = inference.choices(_fake_comparison())
     assert closest.startswith("Closest to fp32 while keeping 99% of fp32's predicted classes:")
@@ -139,6 +137,8 @@ def test_choices_say_when_the_fastest_is_within_the_spread():
     assert "within the spreads of" in inference.choices(near)[-1]
 
 
+# Importing inductor warns from inside torch 2.13 itself (torch.utils.mkldnn).
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_variant_matches_its_eager_twin(model, inputs):
     bf16 = inference.Variant("bf16 weights", torch.bfloat16)
     comp = inference.compare(
