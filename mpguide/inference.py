@@ -254,35 +254,35 @@ def guide(comparison: Comparison, min_agreement: float = 0.99) -> list[str]:
     """Decision-guide sentences comparing every variant with the first (the baseline), each
     stating only relations that hold in ``comparison``; latency counts as faster or slower
     only when the gap exceeds both spreads (:meth:`mpguide.timing.Latency.clearly_below`)."""
-    fp32 = comparison.results[0]
+    base = comparison.results[0]
     out = []
     for r in comparison.results[1:]:
         parts = []
         if r.nonfinite:
             parts.append(f"produced {r.nonfinite} non-finite logits")
-        if r.parameter_bytes < fp32.parameter_bytes:
+        if r.parameter_bytes < base.parameter_bytes:
             parts.append(
-                f"holds {r.parameter_bytes / fp32.parameter_bytes:.0%} of "
-                f"{fp32.name}'s parameter memory"
+                f"holds {r.parameter_bytes / base.parameter_bytes:.0%} of "
+                f"{base.name}'s parameter memory"
             )
-        elif r.parameter_bytes > fp32.parameter_bytes:
-            parts.append(f"holds more parameter memory than {fp32.name}")
+        elif r.parameter_bytes > base.parameter_bytes:
+            parts.append(f"holds more parameter memory than {base.name}")
         else:
-            parts.append(f"keeps {fp32.name}'s parameter memory")
+            parts.append(f"keeps {base.name}'s parameter memory")
         parts.append(
-            f"agrees with {fp32.name} on {r.agreement:.2%} of predicted classes "
+            f"agrees with fp32 on {r.agreement:.2%} of predicted classes "
             f"({'at least' if r.agreement >= min_agreement else 'below'} "
             f"{min_agreement:.0%})"
         )
-        if r.latency.clearly_below(fp32.latency):
+        if r.latency.clearly_below(base.latency):
             parts.append(
                 f"is faster ({r.latency.median * 1e3:.2f} ms against "
-                f"{fp32.latency.median * 1e3:.2f} ms, beyond both spreads)"
+                f"{base.latency.median * 1e3:.2f} ms, beyond both spreads)"
             )
-        elif fp32.latency.clearly_below(r.latency):
+        elif base.latency.clearly_below(r.latency):
             parts.append(
                 f"is slower ({r.latency.median * 1e3:.2f} ms against "
-                f"{fp32.latency.median * 1e3:.2f} ms, beyond both spreads)"
+                f"{base.latency.median * 1e3:.2f} ms, beyond both spreads)"
             )
         else:
             parts.append("is not clearly faster or slower: the gap is within the spreads")
@@ -297,7 +297,7 @@ def choices(comparison: Comparison, min_agreement: float = 0.99) -> list[str]:
     runner-up only when the gap exceeds both spreads."""
     base = comparison.results[0]
     keep = [r for r in comparison.results if r.nonfinite == 0 and r.agreement >= min_agreement]
-    kept = f"keeping {min_agreement:.0%} of {base.name}'s predicted classes"
+    kept = f"keeping {min_agreement:.0%} of fp32's predicted classes"
     lower = [r for r in keep if r is not base]
     out = []
     if lower:
