@@ -2,6 +2,8 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mpguide import MPGuideError, timing
 
@@ -124,3 +126,16 @@ def test_cuda_peak_and_synchronised_latency():
     x = torch.randn(1024, 1024, device=dev)
     lat = timing.measure(lambda: x @ x, dev, warmup=2, repeat=5)
     assert lat.device == "cuda" and lat.median > 0
+
+
+samples = st.lists(st.floats(1e-6, 10.0, allow_nan=False), min_size=1, max_size=40)
+
+
+@given(samples, samples)
+def test_statistics_are_ordered_and_clearly_below_is_one_way(a, b):
+    la, lb = timing.Latency("a", tuple(a), "cpu", 2), timing.Latency("b", tuple(b), "cpu", 2)
+    q1, q3 = la.quartiles
+    assert min(a) <= q1 <= la.median <= q3 <= max(a)
+    assert la.spread >= 0 and la.throughput == pytest.approx(2 / la.median)
+    assert not (la.clearly_below(lb) and lb.clearly_below(la))
+    assert not la.clearly_below(la)
