@@ -104,3 +104,11 @@ def lint(session: nox.Session) -> None:
     session.run(
         "python", "-m", "ruff", "format", "--check", "--diff", "mpguide", "tests", *session.posargs
     )
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Time ``python -m mpguide casts`` on large synthetic traces beside ``json.load``; the
+    results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options)."""
+    _install(session)
+    session.run("python", "benchmarks/trace_casts.py", *session.posargs)

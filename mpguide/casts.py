@@ -124,11 +124,12 @@ def _scalar_type(code: str) -> str | None:
 
 class _OpArgs(msgspec.Struct, gc=False):
     types: list[Any] | None = msgspec.field(default=None, name="Input type")
-    dims: list[Any] | None = msgspec.field(default=None, name="Input Dims")
+    dims: list[msgspec.Raw] | None = msgspec.field(default=None, name="Input Dims")
     concrete: list[Any] | None = msgspec.field(default=None, name="Concrete Inputs")
 
 
 _OP_ARGS = msgspec.json.Decoder(_OpArgs)
+_SHAPE = msgspec.json.Decoder(tuple[int, ...])
 
 
 def _at(items: list | None, i: int) -> Any:
@@ -226,6 +227,7 @@ class CastReport:
     step_us: float
     source: str = ""
     cause_time: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    gpu: bool = False
 
     def __len__(self) -> int:
         return len(self.casts)
@@ -233,12 +235,23 @@ class CastReport:
     def __iter__(self):
         return iter(self.casts)
 
+    def _fit(self, table: Table) -> Table:
+        """Without the GPU columns when the trace has no GPU events."""
+        if self.gpu:
+            return table
+        keep = [i for i, c in enumerate(table.columns) if "gpu" not in c]
+        rows = tuple(tuple(r[i] for i in keep) for r in table.rows)
+        return Table(tuple(table.columns[i] for i in keep), rows, table.caption, table.notes)
+
     def table(self) -> Table:
-        """One row per cast."""
-        return Table(
-            COLUMNS,
-            tuple(_cell(c) for c in self.casts),
-            caption=f"{len(self.casts)} casts in {self.source or 'the trace'}",
+        """One row per cast (GPU time only when the trace has GPU events)."""
+        n = len(self.casts)
+        return self._fit(
+            Table(
+                COLUMNS,
+                tuple(_cell(c) for c in self.casts),
+                caption=f"{n} cast{'' if n == 1 else 's'} in {self.source or 'the trace'}",
+            )
         )
 
     def summary(self, by: str = "cause") -> Table:
@@ -270,13 +283,14 @@ class CastReport:
                 row += [round(sum(t[0] for t in own), 3), round(sum(t[1] for t in own), 3)]
             row.append(round(_cpu(members) / self.step_us, 4) if self.step_us else None)
             rows.append(tuple(row))
-        return Table(columns, tuple(rows), caption=f"casts by {by}")
+        return self._fit(Table(columns, tuple(rows), caption=f"casts by {by}"))
 
     def __repr__(self) -> str:
         return self.summary("cause").to_text()
 
     def _repr_html_(self) -> str:
-        head = escape(f"{len(self.casts)} casts; steps {self.step_us:.1f} us of CPU time")
+        n = len(self.casts)
+        head = escape(f"{n} cast{'' if n == 1 else 's'} in {self.step_us:.1f} us of profiled steps")
         return f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}"
 
 
@@ -322,9 +336,12 @@ def _context(tree: Tree, i: int) -> tuple[int, bool]:
 
 
 def _shape(args: _OpArgs) -> tuple[int, ...] | None:
+    """The first input's shape; only its ``Input Dims`` entry is decoded."""
     dims = _at(args.dims, 0)
-    shape = tuple(dims) if isinstance(dims, list) else ()
-    return shape if all(type(d) is int for d in shape) and dims is not None else None
+    try:
+        return None if dims is None else _SHAPE.decode(dims)
+    except msgspec.ValidationError:
+        return None
 
 
 def _steps_us(tree: Tree) -> float:
@@ -389,4 +406,4 @@ def report(tree: Tree) -> CastReport:
                 backward,
             )
         )
-    return CastReport(tuple(casts), step_us, tree.trace.source, causes)
+    return CastReport(tuple(casts), step_us, tree.trace.source, causes, bool(tree.gpu_work.any()))

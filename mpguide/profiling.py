@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,4 +70,4 @@ def profile_fn(
         out = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(out))
         trace = load(out)
-    return Trace(trace.events, trace.other, "", trace.devices)
+    return replace(trace, source="")

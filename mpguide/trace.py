@@ -41,7 +41,6 @@ from mpguide import MPGuideError
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 PYTHON, ANNOTATION, OP = "python_function", "user_annotation", "cpu_op"
 _LAYER_RANK = {ANNOTATION: 0, PYTHON: 1}
-ARG_FIELDS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 DEFAULT_FIELDS = ("Input Dims", "Input type")
 
 
@@ -60,8 +59,6 @@ class Event(msgspec.Struct, gc=False):
 
 class _File(msgspec.Struct, gc=False):
     traceEvents: list[Event]
-    schemaVersion: int | None = None
-    deviceProperties: list[dict[str, Any]] | None = None
 
 
 class _Link(msgspec.Struct, gc=False):
@@ -79,7 +76,6 @@ class Trace:
     events: tuple[Event, ...]
     other: dict[str, int]
     source: str = ""
-    devices: tuple[dict[str, Any], ...] = ()
 
     def tree(self, *, python: bool = False, annotations: bool = True) -> Tree:
         """The call tree of this trace; see :func:`build`."""
@@ -115,10 +111,9 @@ def parse(data: bytes, source: str = "") -> Trace:
     except msgspec.DecodeError as err:
         raise MPGuideError(f"{where}: not valid JSON ({err})") from None
     events = doc if isinstance(doc, list) else doc.traceEvents
-    devices = () if isinstance(doc, list) else tuple(doc.deviceProperties or ())
     complete = tuple(e for e in events if e.ph == "X")
     other = Counter(e.ph for e in events if e.ph != "X")
-    return Trace(complete, dict(other), source, devices)
+    return Trace(complete, dict(other), source)
 
 
 def load(path: str | Path) -> Trace:
@@ -192,7 +187,8 @@ class Node:
 
     @property
     def is_gpu(self) -> bool:
-        return self.cat in GPU_CATEGORIES
+        """Whether it happens on the device: a kernel, memcpy, memset or GPU-side range."""
+        return self.cat in GPU_CATEGORIES or self.cat.startswith("gpu_")
 
     @cached_property
     def args(self) -> dict[str, Any]:
@@ -268,7 +264,7 @@ class Tree:
         depth: np.ndarray,
         order: np.ndarray,
         anomalies: Anomalies,
-        is_gpu: np.ndarray,
+        gpu_work: np.ndarray,
         dur_us: np.ndarray,
     ):
         self.trace = trace
@@ -277,7 +273,7 @@ class Tree:
         self.depth = depth
         self.order = order
         self.anomalies = anomalies
-        self.is_gpu = is_gpu & included
+        self.gpu_work = gpu_work & included
         self.dur_us = dur_us
 
     def __len__(self) -> int:
@@ -322,7 +318,7 @@ class Tree:
     @cached_property
     def self_us(self) -> np.ndarray:
         """Each node's duration less its CPU children's, in microseconds."""
-        cpu_child = (self.parent >= 0) & ~self.is_gpu
+        cpu_child = (self.parent >= 0) & ~self.gpu_work
         child_sum = np.bincount(
             self.parent[cpu_child], weights=self.dur_us[cpu_child], minlength=len(self.parent)
         )
@@ -331,8 +327,8 @@ class Tree:
     @cached_property
     def gpu_us(self) -> np.ndarray:
         """Each node's GPU time: the GPU events in its subtree, in microseconds."""
-        acc = np.where(self.is_gpu, self.dur_us, 0.0)
-        if not self.is_gpu.any():
+        acc = np.where(self.gpu_work, self.dur_us, 0.0)
+        if not self.gpu_work.any():
             return acc
         for d in range(int(self.depth.max()), 0, -1):
             at = np.flatnonzero((self.depth == d) & (self.parent >= 0))
@@ -519,7 +515,9 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     linked, shared = _link_gpu(
         events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
     )
-    thread, _ = _codes(list(map(attrgetter("pid", "tid"), events)))
+    pid, _ = _codes(list(map(attrgetter("pid"), events)))
+    tid, tids = _codes(list(map(attrgetter("tid"), events)))
+    thread = pid * len(tids) + tid
 
     nested = np.flatnonzero(included & ~linked)
     # One stable sort: thread, then start, then longest first, then layer, then file order.

@@ -18,7 +18,9 @@ def test_profile_fn_records_the_active_steps_only():
     tr = profile_fn(lambda: calls.append(matmul_step()), wait=1, warmup=1, active=2)
     assert len(calls) == 4
     tree = tr.tree()
-    steps = tree.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+    steps = tree.find(
+        predicate=lambda n: n.cat == "user_annotation" and n.name.startswith("ProfilerStep#")
+    )
     assert [s.name for s in steps] == ["ProfilerStep#2", "ProfilerStep#3"]
     mms = tree.find("aten::mm")
     assert len(mms) == 2 and mms[0].field("Input Dims") == [[8, 4], [4, 8]]

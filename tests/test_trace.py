@@ -169,6 +169,19 @@ def test_kernels_hang_under_their_launch_and_count_in_gpu_time():
     assert "kernel_7" in tree.render(fields=[], gpu=True)
 
 
+def test_gpu_side_ranges_are_hidden_by_default_and_not_gpu_work():
+    tree = tree_of(
+        op("ProfilerStep#1", BASE, 100.0, cat="user_annotation"),
+        launch(BASE + 2, 7),
+        kernel(BASE + 30, 7, 40.0),
+        op("ProfilerStep#1", BASE + 25, 80.0, cat="gpu_user_annotation", pid=0, tid=7),
+    )
+    assert tree.node(3).is_gpu and tree.node(3).gpu_time == 0
+    assert tree.node(0).gpu_time == 40.0 and tree.anomalies.unlinked_gpu == 0
+    assert tree.render(fields=[]).count("ProfilerStep#1") == 1
+    assert tree.render(fields=[], gpu=True).count("ProfilerStep#1") == 2
+
+
 @pytest.mark.parametrize(
     ("name", "cat"),
     [

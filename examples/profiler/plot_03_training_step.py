@@ -127,9 +127,11 @@ fig.tight_layout()
 # %%
 # Share of the step
 # -----------------
-# The step is the ``ProfilerStep#N`` range: on the CPU its duration, on a GPU the kernel time
-# launched inside it.
-(step,) = tree.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+# The step is the ``ProfilerStep#N`` range on the CPU side: on the CPU its duration, on a GPU
+# the kernel time launched inside it.
+(step,) = tree.find(
+    predicate=lambda n: n.cat == "user_annotation" and n.name.startswith("ProfilerStep#")
+)
 step_us = step.gpu_time if on_gpu else step.dur
 cast_us = sum(cost(c) for c in report)
 share = cast_us / step_us
