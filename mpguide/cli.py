@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from mpguide import MPGuideError
 from mpguide.table import FORMATS
 
-
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
 
 
@@ -81,6 +80,45 @@ def _casts(args: argparse.Namespace) -> str:
     if args.by == "cast":
         return report.table().render(args.format)
     return report.summary(args.by).render(args.format)
+
+
+def _load_factory(spec: str):
+    import importlib
+
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise MPGuideError(f"--model takes MODULE:FUNCTION, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise MPGuideError(f"cannot import {module_name!r}: {err}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise MPGuideError(f"{module_name!r} has no function {attr!r}")
+    return factory
+
+
+def _inference(args: argparse.Namespace) -> str:
+    import torch
+
+    from mpguide import device, inference
+
+    dev = device.resolve(args.device) if args.device else device.pick()
+    variants = (
+        [inference.variant(n) for n in args.variants.split(",")]
+        if args.variants
+        else list(inference.standard(dev))
+    )
+    if args.repeat < 1 or args.warmup < 0:
+        raise MPGuideError(
+            f"need --repeat >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}"
+        )
+    made = _load_factory(args.model)()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
+        raise MPGuideError(f"{args.model} must return (model, inputs), got {type(made).__name__}")
+    model, inputs = made
+    result = inference.compare(model, inputs, variants, dev, warmup=args.warmup, repeat=args.repeat)
+    return result.table().render(args.format)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -154,6 +192,31 @@ def parser() -> argparse.ArgumentParser:
         help="one row per cast (default), or a summary by cause, dtype pair, direction or pass",
     )
     s.set_defaults(run=_casts)
+
+    s = sub.add_parser(
+        "inference",
+        help="compare serving a classifier in fp32, bf16, fp16 and under autocast",
+        description="Run the inputs of your classifier through fp32, bf16 and fp16 weights and "
+        "autocast, and measure logit error, agreement of predicted classes, parameter and peak "
+        "memory, and latency against fp32.",
+    )
+    s.add_argument(
+        "--model",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="a function, importable from here, returning (model, inputs)",
+    )
+    s.add_argument(
+        "--variants",
+        metavar="NAMES",
+        help="comma-separated, from fp32, bf16, fp16, autocast-bf16, autocast-fp16, "
+        "each optionally with +compile (default: all but autocast-fp16 on the CPU)",
+    )
+    s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
+    s.add_argument("--warmup", type=int, default=3, help="calls before timing (default 3)")
+    s.add_argument("--repeat", type=int, default=15, help="timed calls (default 15)")
+    s.add_argument("--format", default="table", choices=FORMATS)
+    s.set_defaults(run=_inference)
     return p
 
 

@@ -1,0 +1,116 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpguide import MPGuideError, inference
+from mpguide.cli import main
+
+FACTORY = """
+import torch
+from torch import nn
+
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), torch.randn(4, 8)
+
+
+def not_a_pair():
+    return 42
+"""
+
+
+@pytest.fixture
+def factory(tmp_path, monkeypatch):
+    (tmp_path / "reader_model.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "reader_model"
+
+
+def test_json_has_a_row_per_variant(capsys, factory):
+    argv = [
+        "inference",
+        "--model",
+        f"{factory}:make",
+        "--device",
+        "cpu",
+        "--variants",
+        "fp32,bf16,autocast-bf16",
+        "--repeat",
+        "2",
+        "--warmup",
+        "1",
+        "--format",
+        "json",
+    ]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["variant"] for r in rows] == ["fp32", "bf16 weights", "autocast bf16"]
+    assert rows[0]["max error"] == 0 and rows[0]["logits"] == "float32"
+    assert rows[1]["params KiB"] * 2 == rows[0]["params KiB"] == rows[2]["params KiB"]
+
+
+def test_variant_names():
+    assert inference.variant("fp16").weights.is_floating_point
+    assert inference.variant("bf16+compile").compile
+    with pytest.raises(MPGuideError, match="unknown variant 'int8'"):
+        inference.variant("int8")
+    with pytest.raises(MPGuideError, match="unknown variant 'bf16\\+jit'"):
+        inference.variant("bf16+jit")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["inference"], "required: --model"),
+        (["inference", "--model", "nocolon"], "MODULE:FUNCTION"),
+        (["inference", "--model", "no_such_module_here:make"], "cannot import"),
+        (["inference", "--model", "reader_model:missing"], "has no function 'missing'"),
+        (["inference", "--model", "reader_model:not_a_pair"], "must return (model, inputs)"),
+        (["inference", "--model", "reader_model:make", "--variants", "fp8"], "unknown variant"),
+        (["inference", "--model", "reader_model:make", "--repeat", "0"], "--repeat >= 1"),
+        (["inference", "--model", "reader_model:make", "--device", "tpu"], "unknown device"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_status_2(capsys, factory, argv, message):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith("mpguide: error: ") and message in captured.err
+
+
+def test_as_a_process(tmp_path):
+    """Run from the reader's folder, where their module lives."""
+    (tmp_path / "reader_model.py").write_text(FACTORY)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mpguide",
+            "inference",
+            "--model",
+            "reader_model:make",
+            "--device",
+            "cpu",
+            "--variants",
+            "fp32,fp16",
+            "--repeat",
+            "2",
+            "--format",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("variant,logits,max error")
+    assert "fp16 weights" in proc.stdout
