@@ -68,12 +68,51 @@ def _compile_backends(dev: torch.device) -> Table:
     return graphs.compare_backends(_matmul_into_fp32, args, reference=exact).table()
 
 
+def _encoder(dev: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A seeded transformer-encoder classifier and a batch for it: a size a GPU is timed on
+    meaningfully, and a small one on a CPU."""
+    from torch import nn
+
+    width, layers, length, batch = (1024, 4, 256, 64) if dev.type == "cuda" else (64, 2, 16, 16)
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True)
+    model = nn.Sequential(
+        nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+        nn.Flatten(),
+        nn.Linear(length * width, 10),
+    ).to(dev)
+    return model, torch.randn(batch, length, width, device=dev)
+
+
+def _training_step_casts(dev: torch.device) -> Table:
+    from mpguide import casts, profiling
+
+    model, x = _encoder(dev)
+    labels = torch.randint(0, 10, (x.shape[0],), device=dev)
+
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+
+    return casts.report(profiling.profile_fn(step, warmup=2).tree()).summary("cause")
+
+
+def _inference_variants(dev: torch.device) -> Table:
+    from mpguide import inference
+
+    model, x = _encoder(dev)
+    return inference.compare(model.eval(), x, inference.standard(dev), dev).table()
+
+
 #: What a recording measures: a key per table, and the function that measures it on a device.
 MEASUREMENTS: dict[str, Callable[[torch.device], Table]] = {
     "autocast.policy.bfloat16": _policy(torch.bfloat16),
     "autocast.policy.float16": _policy(torch.float16),
     "numerics.matmul_errors": _matmul_errors,
     "compile.matmul_into_fp32": _compile_backends,
+    "profiler.training_step_casts": _training_step_casts,
+    "inference.variants": _inference_variants,
 }
 
 
