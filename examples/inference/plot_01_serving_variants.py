@@ -209,9 +209,10 @@ show(list(lines.values()))
 # %%
 # Recorded on a GPU
 # -----------------
-# bf16 and fp16 pay off on hardware with units for them. Recordings made on GPU machines with
-# ``nox -s record`` compare the same ways of serving a 4-layer, width-1024 transformer encoder
-# (``mpguide.record``), labelled with where, when and by which command they were measured.
+# The tables above were measured on the device this page was built on. Recordings made on
+# GPU machines with ``nox -s record`` compare the same ways of serving a 4-layer, width-1024
+# transformer encoder (``mpguide.record``), labelled with where, when and by which command
+# they were measured.
 from mpguide import record
 
 record.beside("inference.variants")
