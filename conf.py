@@ -133,7 +133,7 @@ html_extra_path = ["docs/_extra"]
 html_css_files = ["mpguide.css"]
 html_theme_options = {
     "navigation_depth": 2,
-    "header_links_before_dropdown": 4,
+    "header_links_before_dropdown": 5,
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
