@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import MPGuideError
+from mpguide import MPGuideError, error_line
 from mpguide import device as _device
 from mpguide.table import Table
 
@@ -482,11 +482,6 @@ def side_by_side(*captures: Graphs, which: str = "forward") -> SideBySide:
 # -- comparison against a reference ----------------------------------------------------------
 
 
-def _one_line(err: BaseException) -> str:
-    text = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    return f"{type(err).__name__}: {text[0] if text else ''}"
-
-
 def _floats(value: Any) -> list[torch.Tensor]:
     return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
@@ -611,7 +606,7 @@ def _reference(
             return call(*args), name
     except Exception as err:  # noqa: BLE001 -- named in one line for the reader
         raise MPGuideError(
-            f"the reference ({name}) raised {_one_line(err)}; pass reference= a function"
+            f"the reference ({name}) raised {error_line(err)}; pass reference= a function"
         ) from None
 
 
@@ -640,7 +635,7 @@ def compare_backends(
                 raise eager_error
             out = eager if b == EAGER else run(fn, args, b)
         except Exception as err:  # noqa: BLE001 -- a backend that raises is a finding, not a failure
-            outcomes.append(Outcome(b, "", None, None, None, _one_line(err)))
+            outcomes.append(Outcome(b, "", None, None, None, error_line(err)))
             continue
         max_abs, max_rel = _errors(out, ref)
         dtypes = ", ".join(dict.fromkeys(_device.dtype_name(t.dtype) for t in _floats(out)))

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import MPGuideError
+from mpguide import MPGuideError, error_line
 from mpguide import device as _device
 from mpguide.table import Table
 
@@ -338,11 +338,6 @@ def _first_float(value: Any) -> torch.dtype | None:
     return None
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
-
-
 def _call(op: Op, args: tuple, dev: torch.device, dtype: torch.dtype | None) -> Run:
     recorder = _CastRecorder()
     with warnings.catch_warnings(record=True) as caught:
@@ -351,7 +346,7 @@ def _call(op: Op, args: tuple, dev: torch.device, dtype: torch.dtype | None) -> 
             with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None), recorder:
                 out = op.call(*args)
         except Exception as err:  # noqa: BLE001 - an op that raises is a finding, not a failure
-            return Run(None, tuple(recorder.casts), _one_line(err))
+            return Run(None, tuple(recorder.casts), error_line(err))
         finally:
             torch.clear_autocast_cache()
     warning = f"{caught[0].category.__name__}: {caught[0].message}" if caught else None
