@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from mpguide.table import Table
-from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree
+from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree, paused_gc
 
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 COMPILED_MARKS = ("_to_copy", "convert_element_type")
@@ -254,6 +254,7 @@ class CastReport:
             )
         )
 
+    @paused_gc()
     def summary(self, by: str = "cause") -> Table:
         """Casts aggregated by ``cause``, ``pair`` (source and target), ``direction`` or
         ``pass``: count, bytes, CPU and GPU time, and share of the profiled steps.
@@ -316,23 +317,24 @@ def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
     return None
 
 
-def _context(tree: Tree, i: int) -> tuple[int, bool]:
-    """The causing ancestor's id (-1 for none), and whether the cast runs in backward."""
-    events, parents = tree.trace.events, tree.parents
-    cause, backward = -1, False
-    a = parents[i]
-    while a >= 0:
-        e = events[a]
-        backward = backward or e.name.startswith(BACKWARD_MARK)
-        skip = (
-            e.name in CAST_OPS
-            or e.cat == PYTHON
-            or (e.cat == ANNOTATION and e.name.startswith(STEP_MARK))
-        )
-        if cause < 0 and not skip:
-            cause = a
-        a = parents[a]
-    return cause, backward
+def _contexts(tree: Tree, ids: np.ndarray) -> tuple[list[int], list[bool]]:
+    """Each cast's causing ancestor (-1 for none), and whether it runs in backward; the
+    ancestors of all casts are walked together, one level per step."""
+    step = tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
+    skip = tree.named(CAST_OPS.__contains__) | tree.in_category(PYTHON.__eq__) | step
+    in_backward = tree.named(lambda n: n.startswith(BACKWARD_MARK))
+    cause = np.full(len(ids), -1, dtype=np.int64)
+    backward = np.zeros(len(ids), dtype=bool)
+    up = tree.parent[ids]
+    live = np.flatnonzero(up >= 0)
+    while len(live):
+        a = up[live]
+        backward[live] |= in_backward[a]
+        found = (cause[live] < 0) & ~skip[a]
+        cause[live[found]] = a[found]
+        up[live] = tree.parent[a]
+        live = live[up[live] >= 0]
+    return cause.tolist(), backward.tolist()
 
 
 def _shape(args: _OpArgs) -> tuple[int, ...] | None:
@@ -345,49 +347,42 @@ def _shape(args: _OpArgs) -> tuple[int, ...] | None:
 
 
 def _steps_us(tree: Tree) -> float:
-    events = tree.trace.events
-    names = {n for n in set(tree.names) if n.startswith(STEP_MARK)}
-    hit = np.fromiter(map(names.__contains__, tree.names), bool, len(tree.names))
-    steps = [
-        events[i].dur
-        for i in np.flatnonzero(hit & tree.included).tolist()
-        if events[i].cat == ANNOTATION
-    ]
-    if steps:
-        return sum(steps)
+    step = tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
+    steps = step & tree.included
+    if steps.any():
+        return sum(tree.dur_us[steps].tolist())
     return sum(n.dur for nodes in tree.roots().values() for n in nodes if n.cat in (OP, ANNOTATION))
 
 
+@paused_gc()
 def report(tree: Tree) -> CastReport:
     """Every cast in ``tree``: a chain of cast ops whose dtypes differ, or a compiled convert
     kernel. Share is CPU time over the time of the profiled steps (``ProfilerStep#N``) or,
     without steps, of the top-level ops."""
-    events, parents, names = tree.trace.events, tree.parents, tree.names
-    wanted = {n for n in set(names) if n in CAST_OPS or _is_compiled_convert(n)}
-    hit = np.fromiter(map(wanted.__contains__, names), bool, len(names))
-    ids = tree.order[hit[tree.order]].tolist()
+    events, names = tree.trace.events, tree.names
+    is_cast_op = tree.named(CAST_OPS.__contains__)
+    under_cast = np.zeros_like(is_cast_op)
+    has_parent = tree.parent >= 0
+    under_cast[has_parent] = is_cast_op[tree.parent[has_parent]]
+    tops = (is_cast_op & ~under_cast) | tree.named(_is_compiled_convert)
+    ids = tree.order[tops[tree.order]]
     step_us = _steps_us(tree)
-    gpu = tree.gpu_us.tolist()
-    context: dict[int, tuple[int, bool]] = {}
+    cause_ids, backwards = _contexts(tree, ids)
+    dur, gpu = tree.dur_us.tolist(), tree.gpu_us.tolist()
     casts: list[Cast] = []
     causes: dict[int, tuple[float, float]] = {}
-    for i in ids:
-        name, up = names[i], parents[i]
-        if name in CAST_OPS and up >= 0 and names[up] in CAST_OPS:
-            continue
+    for i, cause, backward in zip(ids.tolist(), cause_ids, backwards, strict=True):
+        name = names[i]
         args = _OP_ARGS.decode(events[i].args)
         pair = _converts(tree, i, args) if name in CAST_OPS else (UNKNOWN, UNKNOWN)
         if pair is None:
             continue
-        if up not in context:
-            context[up] = _context(tree, i)
-        cause, backward = context[up]
         shape = _shape(args)
         numel = math.prod(shape) if shape is not None else None
         size_in, size_out = ITEMSIZE.get(pair[0]), ITEMSIZE.get(pair[1])
-        cpu_us, gpu_us = events[i].dur, gpu[i]
+        cpu_us, gpu_us = dur[i], gpu[i]
         if cause >= 0:
-            own = causes.get(cause, (events[cause].dur, gpu[cause]))
+            own = causes.get(cause, (dur[cause], gpu[cause]))
             causes[cause] = (own[0] - cpu_us, own[1] - gpu_us)
         casts.append(
             Cast(

@@ -23,9 +23,11 @@ ranks) links each GPU event to the latest launch that precedes it.
 
 from __future__ import annotations
 
+import gc
 import gzip
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
@@ -85,6 +87,19 @@ class Trace:
         cats = Counter(e.cat for e in self.events)
         kinds = ", ".join(f"{n} {c or '(none)'}" for c, n in cats.most_common())
         return f"Trace {self.source or '(in memory)'}: {len(self.events)} events ({kinds})"
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: with a million events alive, each of the full
+    collections that creating many small objects triggers would walk them all again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _read(path: Path) -> bytes:
@@ -266,6 +281,7 @@ class Tree:
         anomalies: Anomalies,
         gpu_work: np.ndarray,
         dur_us: np.ndarray,
+        category: tuple[np.ndarray, list[str]],
     ):
         self.trace = trace
         self.included = included
@@ -275,6 +291,7 @@ class Tree:
         self.anomalies = anomalies
         self.gpu_work = gpu_work & included
         self.dur_us = dur_us
+        self.category = category
 
     def __len__(self) -> int:
         return int(self.included.sum())
@@ -309,6 +326,18 @@ class Tree:
     def names(self) -> list[str]:
         """Each event's name, by id."""
         return list(map(attrgetter("name"), self.trace.events))
+
+    @cached_property
+    def _name_codes(self) -> tuple[np.ndarray, list[str]]:
+        return _codes(self.names)
+
+    def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
+        """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
+        return _matching(self._name_codes, predicate)
+
+    def in_category(self, predicate: Callable[[str], bool]) -> np.ndarray:
+        """Mask of the events whose category satisfies ``predicate`` (asked once per category)."""
+        return _matching(self.category, predicate)
 
     @cached_property
     def parents(self) -> list[int]:
@@ -428,6 +457,11 @@ def _codes(values: list) -> tuple[np.ndarray, list]:
     return np.fromiter(map(index.__getitem__, values), np.int64, len(values)), distinct
 
 
+def _matching(coded: tuple[np.ndarray, list], predicate: Callable[[Any], bool]) -> np.ndarray:
+    codes, distinct = coded
+    return np.fromiter(map(predicate, distinct), bool, len(distinct))[codes]
+
+
 def _link_gpu(
     events: Sequence[Event],
     candidates: np.ndarray,
@@ -462,37 +496,38 @@ def _link_gpu(
     return linked, shared
 
 
-def _nest(
-    order: list[int],
-    start: list[int],
-    end: list[int],
-    thread: list[int],
-    parent: list[int],
-    depth: list[int],
-) -> tuple[int, int, int]:
-    """Nest events given in (thread, start, longest first) order with one stack per thread;
-    fill ``parent`` and ``depth``; return the overlap, touching and identical counts."""
-    overlaps = touching = identical = 0
-    stack: list[int] = []
-    current = -1
-    for i in order:
-        if thread[i] != current:
-            current, stack = thread[i], []
-        s, e = start[i], end[i]
-        while stack and end[stack[-1]] <= s:
-            done = stack.pop()
-            if end[done] == s and start[done] < s:
-                touching += 1
-        if stack:
-            p = stack[-1]
-            parent[i] = p
-            depth[i] = len(stack)
-            if e > end[p]:
-                overlaps += 1
-            elif s == start[p] and e == end[p]:
-                identical += 1
-        stack.append(i)
-    return overlaps, touching, identical
+def _nest(ids: list[int], start: list[int], end: list[int]) -> tuple[list[int], list[int], Counter]:
+    """Nest one thread's events, given in (start, longest first) order, with one stack.
+
+    Return each event's parent (-1 for a root) and depth, in the order given, and the counts
+    of overlaps, touching and identical intervals.
+    """
+    parents: list[int] = []
+    depths: list[int] = []
+    seen: Counter = Counter()
+    open_ids: list[int] = []
+    open_starts: list[int] = []
+    open_ends: list[int] = []
+    for i, s, e in zip(ids, start, end, strict=True):
+        while open_ends and open_ends[-1] <= s:
+            done_start, done_end = open_starts.pop(), open_ends.pop()
+            open_ids.pop()
+            if done_end == s and done_start < s:
+                seen["touching"] += 1
+        if open_ids:
+            parents.append(open_ids[-1])
+            depths.append(len(open_ids))
+            if e > open_ends[-1]:
+                seen["overlaps"] += 1
+            elif s == open_starts[-1] and e == open_ends[-1]:
+                seen["identical"] += 1
+        else:
+            parents.append(-1)
+            depths.append(0)
+        open_ids.append(i)
+        open_starts.append(s)
+        open_ends.append(e)
+    return parents, depths, seen
 
 
 def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
@@ -523,24 +558,26 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     # One stable sort: thread, then start, then longest first, then layer, then file order.
     by_length = (start - end)[nested] * 4 + rank[nested]
     nested = nested[np.lexsort((by_length, start[nested], thread[nested]))]
-    par, dep = parent.tolist(), [0] * n
-    overlaps, touching, identical = _nest(
-        nested.tolist(), start.tolist(), end.tolist(), thread.tolist(), par, dep
-    )
-    parent = np.array(par, dtype=np.int64)
-    depth = np.array(dep, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    seen: Counter = Counter()
+    bounds = np.flatnonzero(np.diff(thread[nested])) + 1
+    for ids in np.split(nested, bounds):
+        par, dep, counts = _nest(ids.tolist(), start[ids].tolist(), end[ids].tolist())
+        parent[ids] = par
+        depth[ids] = dep
+        seen += counts
     linked_ids = np.flatnonzero(linked)
     depth[linked_ids] = depth[parent[linked_ids]] + 1
     order = np.concatenate((nested, linked_ids))
     anomalies = Anomalies(
-        overlaps=overlaps,
-        touching=touching,
-        identical=identical,
+        overlaps=seen["overlaps"],
+        touching=seen["touching"],
+        identical=seen["identical"],
         shared_correlation=shared,
         unlinked_gpu=int((is_gpu & included & ~linked).sum()),
         left_out=int(n - included.sum()),
     )
-    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, dur)
+    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, dur, (cat, cats))
 
 
 def casts(tree: Tree):
