@@ -11,9 +11,9 @@ caused it: the nearest ancestor that is neither a cast nor a Python frame.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from html import escape
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import msgspec
@@ -100,6 +100,7 @@ ITEMSIZE = {
 }
 UNKNOWN = "?"
 DOWN, UP, SIDEWAYS = "down-cast", "up-cast", "same width"
+_ATTRIBUTES = {"pass": "pass_"}
 SUMMARY_KEYS = {
     "cause": ("cause",),
     "pair": ("source", "target"),
@@ -265,24 +266,29 @@ class CastReport:
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")
         keys = SUMMARY_KEYS[by]
-        groups: dict[tuple, list[Cast]] = {}
+        key_of = attrgetter(*(_ATTRIBUTES.get(k, k) for k in keys))
+        groups: dict[Any, list[Cast]] = {}
         for c in self.casts:
-            groups.setdefault(tuple(_field(c, k) for k in keys), []).append(c)
+            groups.setdefault(key_of(c), []).append(c)
         extra = ("op cpu us", "op gpu us") if by == "cause" else ()
         columns = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
+        totals = []
+        for key, members in groups.items():
+            cpu = sum(map(attrgetter("cpu_us"), members))
+            totals.append((key if len(keys) > 1 else (key,), members, cpu))
         rows = []
-        for key, members in sorted(groups.items(), key=lambda kv: -_cpu(kv[1])):
+        for key, members, cpu in sorted(totals, key=lambda t: -t[2]):
             row = [
                 *key,
                 len(members),
-                sum(c.bytes_written or 0 for c in members),
-                round(_cpu(members), 3),
-                round(sum(c.gpu_us for c in members), 3),
+                sum(filter(None, map(attrgetter("bytes_written"), members))),
+                round(cpu, 3),
+                round(sum(map(attrgetter("gpu_us"), members)), 3),
             ]
             if by == "cause":
                 own = [self.cause_time.get(i, (0.0, 0.0)) for i in {c.cause_id for c in members}]
                 row += [round(sum(t[0] for t in own), 3), round(sum(t[1] for t in own), 3)]
-            row.append(round(_cpu(members) / self.step_us, 4) if self.step_us else None)
+            row.append(round(cpu / self.step_us, 4) if self.step_us else None)
             rows.append(tuple(row))
         return self._fit(Table(columns, tuple(rows), caption=f"casts by {by}"))
 
@@ -293,14 +299,6 @@ class CastReport:
         n = len(self.casts)
         head = escape(f"{n} cast{'' if n == 1 else 's'} in {self.step_us:.1f} us of profiled steps")
         return f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}"
-
-
-def _field(cast: Cast, key: str) -> str:
-    return cast.pass_ if key == "pass" else getattr(cast, key)
-
-
-def _cpu(casts: Iterable[Cast]) -> float:
-    return sum(c.cpu_us for c in casts)
 
 
 def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
