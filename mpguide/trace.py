@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -505,28 +506,21 @@ def _nest(ids: list[int], start: list[int], end: list[int]) -> tuple[list[int], 
     parents: list[int] = []
     depths: list[int] = []
     seen: Counter = Counter()
-    open_ids: list[int] = []
-    open_starts: list[int] = []
-    open_ends: list[int] = []
+    stack = [(math.inf, -1, -1)]  # (end, start, id) of the open events, above a root guard
     for i, s, e in zip(ids, start, end, strict=True):
-        while open_ends and open_ends[-1] <= s:
-            done_start, done_end = open_starts.pop(), open_ends.pop()
-            open_ids.pop()
-            if done_end == s and done_start < s:
+        top = stack[-1]
+        while top[0] <= s:
+            stack.pop()
+            if top[0] == s and top[1] < s:
                 seen["touching"] += 1
-        if open_ids:
-            parents.append(open_ids[-1])
-            depths.append(len(open_ids))
-            if e > open_ends[-1]:
-                seen["overlaps"] += 1
-            elif s == open_starts[-1] and e == open_ends[-1]:
-                seen["identical"] += 1
-        else:
-            parents.append(-1)
-            depths.append(0)
-        open_ids.append(i)
-        open_starts.append(s)
-        open_ends.append(e)
+            top = stack[-1]
+        parents.append(top[2])
+        depths.append(len(stack) - 1)
+        if e > top[0]:
+            seen["overlaps"] += 1
+        elif s == top[1] and e == top[0]:
+            seen["identical"] += 1
+        stack.append((e, s, i))
     return parents, depths, seen
 
 
