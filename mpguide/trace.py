@@ -93,12 +93,15 @@ class Trace:
 @contextmanager
 def paused_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector: with a million events alive, each of the full
-    collections that creating many small objects triggers would walk them all again."""
+    collections that creating many small objects triggers would walk them all again. The
+    objects made meanwhile join the oldest generation unscanned, as if they had survived."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
+        gc.unfreeze()
         if enabled:
             gc.enable()
 
@@ -497,17 +500,13 @@ def _link_gpu(
     return linked, shared
 
 
-def _nest(ids: list[int], start: list[int], end: list[int]) -> tuple[list[int], list[int], Counter]:
-    """Nest one thread's events, given in (start, longest first) order, with one stack.
-
-    Return each event's parent (-1 for a root) and depth, in the order given, and the counts
-    of overlaps, touching and identical intervals.
-    """
+def _nest_in_stack(start: list[int], end: list[int]) -> tuple[list[int], list[int], Counter]:
+    """Nest one thread's events, given in (start, longest first) order, with one stack."""
     parents: list[int] = []
     depths: list[int] = []
     seen: Counter = Counter()
-    stack = [(math.inf, -1, -1)]  # (end, start, id) of the open events, above a root guard
-    for i, s, e in zip(ids, start, end, strict=True):
+    stack = [(math.inf, -1, -1)]  # (end, start, position) of the open events, above a root guard
+    for k, (s, e) in enumerate(zip(start, end, strict=True)):
         top = stack[-1]
         while top[0] <= s:
             stack.pop()
@@ -520,8 +519,50 @@ def _nest(ids: list[int], start: list[int], end: list[int]) -> tuple[list[int], 
             seen["overlaps"] += 1
         elif s == top[1] and e == top[0]:
             seen["identical"] += 1
-        stack.append((e, s, i))
+        stack.append((e, s, k))
     return parents, depths, seen
+
+
+def _nest_without_overlaps(
+    start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, Counter] | None:
+    """What :func:`_nest_in_stack` finds, by array operations, or None if an event overlaps
+    its parent.
+
+    Without overlaps, the stack at event k holds exactly the earlier events that end after
+    ``start[k]``: their count is k's depth, and the parent is the last earlier event one
+    level up.
+    """
+    m = len(start)
+    position = np.arange(m)
+    # Earlier events ended by start[k]: all ends up to it, less the zero-length events at
+    # start[k] sorted after k (they close the group of events with that start).
+    zero_length = np.concatenate(([0], np.cumsum(start == end)))
+    group_end = np.searchsorted(start, start, side="right")
+    ended = np.searchsorted(np.sort(end), start, side="right")
+    depth = position - ended + zero_length[group_end] - zero_length[position]
+    by_level = np.sort(depth * m + position)
+    above = by_level[np.maximum(np.searchsorted(by_level, (depth - 1) * m + position) - 1, 0)]
+    nested = depth > 0
+    parent = np.where(nested, above % m, -1)
+    if (above[nested] // m != depth[nested] - 1).any() or (end > end[parent])[nested].any():
+        return None
+    closer = np.searchsorted(start, end)  # the event that closes each one, if any
+    closed = (start < end) & (closer < m)
+    touching = start[closer[closed]] == end[closed]
+    identical = nested & (start == start[parent]) & (end == end[parent])
+    return parent, depth, Counter(touching=int(touching.sum()), identical=int(identical.sum()))
+
+
+def _nest(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, Counter]:
+    """Each event's parent position (-1 for a root) and depth among one thread's events,
+    given in (start, longest first) order, and the counts of overlapping, touching and
+    identical intervals."""
+    found = _nest_without_overlaps(start, end)
+    if found is not None:
+        return found
+    parents, depths, seen = _nest_in_stack(start.tolist(), end.tolist())
+    return np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64), seen
 
 
 def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
@@ -556,8 +597,8 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     seen: Counter = Counter()
     bounds = np.flatnonzero(np.diff(thread[nested])) + 1
     for ids in np.split(nested, bounds):
-        par, dep, counts = _nest(ids.tolist(), start[ids].tolist(), end[ids].tolist())
-        parent[ids] = par
+        par, dep, counts = _nest(start[ids], end[ids])
+        parent[ids] = np.where(par >= 0, ids[par], -1)
         depth[ids] = dep
         seen += counts
     linked_ids = np.flatnonzero(linked)
