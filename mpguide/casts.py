@@ -315,7 +315,7 @@ def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
     return None
 
 
-def _contexts(tree: Tree, ids: np.ndarray) -> tuple[list[int], list[bool]]:
+def _contexts(tree: Tree, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each cast's causing ancestor (-1 for none), and whether it runs in backward; the
     ancestors of all casts are walked together, one level per step."""
     step = tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
@@ -332,7 +332,7 @@ def _contexts(tree: Tree, ids: np.ndarray) -> tuple[list[int], list[bool]]:
         cause[live[found]] = a[found]
         up[live] = tree.parent[a]
         live = live[up[live] >= 0]
-    return cause.tolist(), backward.tolist()
+    return cause, backward
 
 
 def _shape(args: _OpArgs) -> tuple[int, ...] | None:
@@ -357,7 +357,7 @@ def report(tree: Tree) -> CastReport:
     """Every cast in ``tree``: a chain of cast ops whose dtypes differ, or a compiled convert
     kernel. Share is CPU time over the time of the profiled steps (``ProfilerStep#N``) or,
     without steps, of the top-level ops."""
-    events, names = tree.trace.events, tree.names
+    events = tree.trace.events
     is_cast_op = tree.named(CAST_OPS.__contains__)
     under_cast = np.zeros_like(is_cast_op)
     has_parent = tree.parent >= 0
@@ -366,11 +366,21 @@ def report(tree: Tree) -> CastReport:
     ids = tree.order[tops[tree.order]]
     step_us = _steps_us(tree)
     cause_ids, backwards = _contexts(tree, ids)
-    dur, gpu = tree.dur_us.tolist(), tree.gpu_us.tolist()
+    dur, gpu = tree.dur_us, tree.gpu_us
+    found = zip(
+        ids.tolist(),
+        cause_ids.tolist(),
+        backwards.tolist(),
+        dur[ids].tolist(),
+        gpu[ids].tolist(),
+        dur[cause_ids].tolist(),
+        gpu[cause_ids].tolist(),
+        strict=True,
+    )
     casts: list[Cast] = []
     causes: dict[int, tuple[float, float]] = {}
-    for i, cause, backward in zip(ids.tolist(), cause_ids, backwards, strict=True):
-        name = names[i]
+    for i, cause, backward, cpu_us, gpu_us, cause_cpu_us, cause_gpu_us in found:
+        name = events[i].name
         args = _OP_ARGS.decode(events[i].args)
         pair = _converts(tree, i, args) if name in CAST_OPS else (UNKNOWN, UNKNOWN)
         if pair is None:
@@ -378,15 +388,14 @@ def report(tree: Tree) -> CastReport:
         shape = _shape(args)
         numel = math.prod(shape) if shape is not None else None
         size_in, size_out = ITEMSIZE.get(pair[0]), ITEMSIZE.get(pair[1])
-        cpu_us, gpu_us = dur[i], gpu[i]
         if cause >= 0:
-            own = causes.get(cause, (dur[cause], gpu[cause]))
+            own = causes.get(cause, (cause_cpu_us, cause_gpu_us))
             causes[cause] = (own[0] - cpu_us, own[1] - gpu_us)
         casts.append(
             Cast(
                 i,
                 name,
-                names[cause] if cause >= 0 else "(top level)",
+                events[cause].name if cause >= 0 else "(top level)",
                 cause if cause >= 0 else None,
                 pair[0],
                 pair[1],

@@ -27,7 +27,7 @@ import gc
 import gzip
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import cached_property
@@ -333,7 +333,7 @@ class Tree:
 
     @cached_property
     def _name_codes(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(self.names)
+        return _codes(map(attrgetter("name"), self.trace.events), len(self.trace.events))
 
     def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
@@ -454,11 +454,18 @@ def _compact(value: Any) -> str:
 _RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
 
 
-def _codes(values: list) -> tuple[np.ndarray, list]:
-    """Each value's index among the distinct values, and the distinct values."""
-    distinct = list(dict.fromkeys(values))
-    index = {v: k for k, v in enumerate(distinct)}
-    return np.fromiter(map(index.__getitem__, values), np.int64, len(values)), distinct
+class _Index(dict):
+    """Numbers values in the order they first appear."""
+
+    def __missing__(self, value: Any) -> int:
+        self[value] = code = len(self)
+        return code
+
+
+def _codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
+    """Each of ``n`` values' index among the distinct values, and the distinct values."""
+    index = _Index()
+    return np.fromiter(map(index.__getitem__, values), np.int64, n), list(index)
 
 
 def _matching(coded: tuple[np.ndarray, list], predicate: Callable[[Any], bool]) -> np.ndarray:
@@ -569,7 +576,7 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     """Nest a trace's complete events into per-thread call trees (see the module docs)."""
     events = trace.events
     n = len(events)
-    cat, cats = _codes(list(map(attrgetter("cat"), events)))
+    cat, cats = _codes(map(attrgetter("cat"), events), n)
     left_out = {PYTHON} if not python else set()
     left_out |= {ANNOTATION} if not annotations else set()
     included = ~np.isin(cat, [k for k, c in enumerate(cats) if c in left_out])
@@ -585,8 +592,8 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     linked, shared = _link_gpu(
         events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
     )
-    pid, _ = _codes(list(map(attrgetter("pid"), events)))
-    tid, tids = _codes(list(map(attrgetter("tid"), events)))
+    pid, _ = _codes(map(attrgetter("pid"), events), n)
+    tid, tids = _codes(map(attrgetter("tid"), events), n)
     thread = pid * len(tids) + tid
 
     nested = np.flatnonzero(included & ~linked)
