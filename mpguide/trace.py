@@ -69,7 +69,7 @@ class _Link(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
-_LINK = msgspec.json.Decoder(_Link)
+_LINKS = msgspec.json.Decoder(list[_Link])
 
 
 @dataclass(frozen=True)
@@ -482,29 +482,24 @@ def _link_gpu(
 ) -> tuple[np.ndarray, int]:
     """Parent every GPU event to its launch; return the mask of linked events and the number
     of GPU events whose correlation id several launches share."""
-    launches: dict[int, list[int]] = {}
-    gpu: list[tuple[int, int]] = []
-    for i in candidates.tolist():
-        corr = _LINK.decode(events[i].args).correlation
-        if corr is None:
-            continue
-        if is_gpu[i]:
-            gpu.append((i, corr))
-        else:
-            launches.setdefault(corr, []).append(i)
+    links = _LINKS.decode(b"[" + b",".join(events[i].args for i in candidates.tolist()) + b"]")
+    correlated = np.fromiter((link.correlation is not None for link in links), bool, len(links))
+    ids = candidates[correlated]
+    corr = np.array([link.correlation for link in links if link.correlation is not None])
+    on_gpu = is_gpu[ids]
+    launches, gpu = ids[~on_gpu], ids[on_gpu]
+    by_corr = np.argsort(corr[~on_gpu], kind="stable")
+    launch_corr = corr[~on_gpu][by_corr]
+    first = np.searchsorted(launch_corr, corr[on_gpu], side="left")
+    count = np.searchsorted(launch_corr, corr[on_gpu], side="right") - first
     linked = np.zeros(len(events), dtype=bool)
-    shared = 0
-    for i, corr in gpu:
-        found = launches.get(corr)
-        if not found:
-            continue
-        if len(found) > 1:
-            shared += 1
-            before = [j for j in found if start[j] <= start[i]]
-            found = [max(before, key=lambda j: start[j])] if before else found
-        parent[i] = found[0]
-        linked[i] = True
-    return linked, shared
+    linked[gpu[count > 0]] = True
+    parent[gpu[count == 1]] = launches[by_corr[first[count == 1]]]
+    for i, lo, n in zip(gpu[count > 1].tolist(), first[count > 1], count[count > 1], strict=True):
+        found = launches[by_corr[lo : lo + n]].tolist()
+        before = [j for j in found if start[j] <= start[i]]
+        parent[i] = max(before, key=lambda j: start[j]) if before else found[0]
+    return linked, int((count > 1).sum())
 
 
 def _nest_in_stack(start: list[int], end: list[int]) -> tuple[list[int], list[int], Counter]:
