@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any
 
@@ -482,10 +483,12 @@ def _link_gpu(
 ) -> tuple[np.ndarray, int]:
     """Parent every GPU event to its launch; return the mask of linked events and the number
     of GPU events whose correlation id several launches share."""
-    links = _LINKS.decode(b"[" + b",".join(events[i].args for i in candidates.tolist()) + b"]")
-    correlated = np.fromiter((link.correlation is not None for link in links), bool, len(links))
+    args = [events[i].args for i in candidates.tolist()]
+    links = _LINKS.decode(b"[" + b",".join(args) + b"]")
+    correlations = list(map(attrgetter("correlation"), links))
+    correlated = np.fromiter(map(is_not, correlations, repeat(None)), bool, len(links))
     ids = candidates[correlated]
-    corr = np.array([link.correlation for link in links if link.correlation is not None])
+    corr = np.fromiter(compress(correlations, correlated), np.int64, len(ids))
     on_gpu = is_gpu[ids]
     launches, gpu = ids[~on_gpu], ids[on_gpu]
     by_corr = np.argsort(corr[~on_gpu], kind="stable")
