@@ -595,9 +595,13 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     thread = pid * len(tids) + tid
 
     nested = np.flatnonzero(included & ~linked)
-    # One stable sort: thread, then start, then longest first, then layer, then file order.
-    by_length = (start - end)[nested] * 4 + rank[nested]
-    nested = nested[np.lexsort((by_length, start[nested], thread[nested]))]
+    # Stable sorts: thread, then start, then longest first, then layer, then file order.
+    # Exports often list the events in time order already: then only threads need sorting.
+    first, by_length = start[nested], (start - end)[nested] * 4 + rank[nested]
+    later, shorter = np.diff(first), np.diff(by_length)
+    if not ((later > 0) | ((later == 0) & (shorter >= 0))).all():
+        nested = nested[np.lexsort((by_length, first))]
+    nested = nested[np.argsort(thread[nested], kind="stable")]
     depth = np.zeros(n, dtype=np.int64)
     seen: Counter = Counter()
     bounds = np.flatnonzero(np.diff(thread[nested])) + 1
