@@ -570,6 +570,21 @@ def _nest(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, C
     return np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64), seen
 
 
+def _time_order(
+    ids: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray, thread: np.ndarray
+) -> np.ndarray:
+    """``ids`` sorted by thread, then start, then longest first, then layer, then file order.
+
+    Exports often list the events in time order already: then only threads need sorting.
+    """
+    first = start[ids]
+    by_length = (first - end[ids]) * 4 + rank[ids]
+    later, shorter = np.diff(first), np.diff(by_length)
+    if not ((later > 0) | ((later == 0) & (shorter >= 0))).all():
+        ids = ids[np.lexsort((by_length, first))]
+    return ids[np.argsort(thread[ids], kind="stable")]
+
+
 def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
     """Nest a trace's complete events into per-thread call trees (see the module docs)."""
     events = trace.events
@@ -595,13 +610,7 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     thread = pid * len(tids) + tid
 
     nested = np.flatnonzero(included & ~linked)
-    # Stable sorts: thread, then start, then longest first, then layer, then file order.
-    # Exports often list the events in time order already: then only threads need sorting.
-    first, by_length = start[nested], (start - end)[nested] * 4 + rank[nested]
-    later, shorter = np.diff(first), np.diff(by_length)
-    if not ((later > 0) | ((later == 0) & (shorter >= 0))).all():
-        nested = nested[np.lexsort((by_length, first))]
-    nested = nested[np.argsort(thread[nested], kind="stable")]
+    nested = _time_order(nested, start, end, rank, thread)
     depth = np.zeros(n, dtype=np.int64)
     seen: Counter = Counter()
     bounds = np.flatnonzero(np.diff(thread[nested])) + 1
