@@ -575,14 +575,16 @@ def _time_order(
 ) -> np.ndarray:
     """``ids`` sorted by thread, then start, then longest first, then layer, then file order.
 
-    Exports often list the events in time order already: then only threads need sorting.
+    Exports often list each thread's events in time order already: then only threads need
+    sorting.
     """
+    ids = ids[np.argsort(thread[ids], kind="stable")]
     first = start[ids]
     by_length = (first - end[ids]) * 4 + rank[ids]
-    later, shorter = np.diff(first), np.diff(by_length)
-    if not ((later > 0) | ((later == 0) & (shorter >= 0))).all():
-        ids = ids[np.lexsort((by_length, first))]
-    return ids[np.argsort(thread[ids], kind="stable")]
+    later, shorter, other_thread = np.diff(first), np.diff(by_length), np.diff(thread[ids])
+    if not ((later > 0) | ((later == 0) & (shorter >= 0)) | (other_thread != 0)).all():
+        ids = ids[np.lexsort((by_length, first, thread[ids]))]
+    return ids
 
 
 def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
