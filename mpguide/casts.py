@@ -315,11 +315,15 @@ def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
     return None
 
 
+def _steps(tree: Tree) -> np.ndarray:
+    """Mask of the ``ProfilerStep#N`` ranges."""
+    return tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
+
+
 def _contexts(tree: Tree, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each cast's causing ancestor (-1 for none), and whether it runs in backward; the
     ancestors of all casts are walked together, one level per step."""
-    step = tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
-    skip = tree.named(CAST_OPS.__contains__) | tree.in_category(PYTHON.__eq__) | step
+    skip = tree.named(CAST_OPS.__contains__) | tree.in_category(PYTHON.__eq__) | _steps(tree)
     in_backward = tree.named(lambda n: n.startswith(BACKWARD_MARK))
     cause = np.full(len(ids), -1, dtype=np.int64)
     backward = np.zeros(len(ids), dtype=bool)
@@ -345,8 +349,7 @@ def _shape(args: _OpArgs) -> tuple[int, ...] | None:
 
 
 def _steps_us(tree: Tree) -> float:
-    step = tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
-    steps = step & tree.included
+    steps = _steps(tree) & tree.included
     if steps.any():
         return sum(tree.dur_us[steps].tolist())
     return sum(n.dur for nodes in tree.roots().values() for n in nodes if n.cat in (OP, ANNOTATION))
