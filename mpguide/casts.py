@@ -11,16 +11,16 @@ caused it: the nearest ancestor that is neither a cast nor a Python frame.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from html import escape
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
 
 from mpguide.table import Table
-from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree
+from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree, paused_gc
 
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 COMPILED_MARKS = ("_to_copy", "convert_element_type")
@@ -100,6 +100,7 @@ ITEMSIZE = {
 }
 UNKNOWN = "?"
 DOWN, UP, SIDEWAYS = "down-cast", "up-cast", "same width"
+_ATTRIBUTES = {"pass": "pass_"}
 SUMMARY_KEYS = {
     "cause": ("cause",),
     "pair": ("source", "target"),
@@ -254,6 +255,7 @@ class CastReport:
             )
         )
 
+    @paused_gc()
     def summary(self, by: str = "cause") -> Table:
         """Casts aggregated by ``cause``, ``pair`` (source and target), ``direction`` or
         ``pass``: count, bytes, CPU and GPU time, and share of the profiled steps.
@@ -264,24 +266,29 @@ class CastReport:
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")
         keys = SUMMARY_KEYS[by]
-        groups: dict[tuple, list[Cast]] = {}
+        key_of = attrgetter(*(_ATTRIBUTES.get(k, k) for k in keys))
+        groups: dict[Any, list[Cast]] = {}
         for c in self.casts:
-            groups.setdefault(tuple(_field(c, k) for k in keys), []).append(c)
+            groups.setdefault(key_of(c), []).append(c)
         extra = ("op cpu us", "op gpu us") if by == "cause" else ()
         columns = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
+        totals = []
+        for key, members in groups.items():
+            cpu = sum(map(attrgetter("cpu_us"), members))
+            totals.append((key if len(keys) > 1 else (key,), members, cpu))
         rows = []
-        for key, members in sorted(groups.items(), key=lambda kv: -_cpu(kv[1])):
+        for key, members, cpu in sorted(totals, key=lambda t: -t[2]):
             row = [
                 *key,
                 len(members),
-                sum(c.bytes_written or 0 for c in members),
-                round(_cpu(members), 3),
-                round(sum(c.gpu_us for c in members), 3),
+                sum(filter(None, map(attrgetter("bytes_written"), members))),
+                round(cpu, 3),
+                round(sum(map(attrgetter("gpu_us"), members)), 3),
             ]
             if by == "cause":
                 own = [self.cause_time.get(i, (0.0, 0.0)) for i in {c.cause_id for c in members}]
                 row += [round(sum(t[0] for t in own), 3), round(sum(t[1] for t in own), 3)]
-            row.append(round(_cpu(members) / self.step_us, 4) if self.step_us else None)
+            row.append(round(cpu / self.step_us, 4) if self.step_us else None)
             rows.append(tuple(row))
         return self._fit(Table(columns, tuple(rows), caption=f"casts by {by}"))
 
@@ -292,14 +299,6 @@ class CastReport:
         n = len(self.casts)
         head = escape(f"{n} cast{'' if n == 1 else 's'} in {self.step_us:.1f} us of profiled steps")
         return f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}"
-
-
-def _field(cast: Cast, key: str) -> str:
-    return cast.pass_ if key == "pass" else getattr(cast, key)
-
-
-def _cpu(casts: Iterable[Cast]) -> float:
-    return sum(c.cpu_us for c in casts)
 
 
 def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
@@ -316,22 +315,27 @@ def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
     return None
 
 
-def _context(tree: Tree, i: int) -> tuple[int, bool]:
-    """The causing ancestor's id (-1 for none), and whether the cast runs in backward."""
-    events, parents = tree.trace.events, tree.parents
-    cause, backward = -1, False
-    a = parents[i]
-    while a >= 0:
-        e = events[a]
-        backward = backward or e.name.startswith(BACKWARD_MARK)
-        skip = (
-            e.name in CAST_OPS
-            or e.cat == PYTHON
-            or (e.cat == ANNOTATION and e.name.startswith(STEP_MARK))
-        )
-        if cause < 0 and not skip:
-            cause = a
-        a = parents[a]
+def _steps(tree: Tree) -> np.ndarray:
+    """Mask of the ``ProfilerStep#N`` ranges."""
+    return tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
+
+
+def _contexts(tree: Tree, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each cast's causing ancestor (-1 for none), and whether it runs in backward; the
+    ancestors of all casts are walked together, one level per step."""
+    skip = tree.named(CAST_OPS.__contains__) | tree.in_category(PYTHON.__eq__) | _steps(tree)
+    in_backward = tree.named(lambda n: n.startswith(BACKWARD_MARK))
+    cause = np.full(len(ids), -1, dtype=np.int64)
+    backward = np.zeros(len(ids), dtype=bool)
+    up = tree.parent[ids]
+    live = np.flatnonzero(up >= 0)
+    while len(live):
+        a = up[live]
+        backward[live] |= in_backward[a]
+        found = (cause[live] < 0) & ~skip[a]
+        cause[live[found]] = a[found]
+        up[live] = tree.parent[a]
+        live = live[up[live] >= 0]
     return cause, backward
 
 
@@ -345,55 +349,56 @@ def _shape(args: _OpArgs) -> tuple[int, ...] | None:
 
 
 def _steps_us(tree: Tree) -> float:
-    events = tree.trace.events
-    names = {n for n in set(tree.names) if n.startswith(STEP_MARK)}
-    hit = np.fromiter(map(names.__contains__, tree.names), bool, len(tree.names))
-    steps = [
-        events[i].dur
-        for i in np.flatnonzero(hit & tree.included).tolist()
-        if events[i].cat == ANNOTATION
-    ]
-    if steps:
-        return sum(steps)
+    steps = _steps(tree) & tree.included
+    if steps.any():
+        return sum(tree.dur_us[steps].tolist())
     return sum(n.dur for nodes in tree.roots().values() for n in nodes if n.cat in (OP, ANNOTATION))
 
 
+@paused_gc()
 def report(tree: Tree) -> CastReport:
     """Every cast in ``tree``: a chain of cast ops whose dtypes differ, or a compiled convert
     kernel. Share is CPU time over the time of the profiled steps (``ProfilerStep#N``) or,
     without steps, of the top-level ops."""
-    events, parents, names = tree.trace.events, tree.parents, tree.names
-    wanted = {n for n in set(names) if n in CAST_OPS or _is_compiled_convert(n)}
-    hit = np.fromiter(map(wanted.__contains__, names), bool, len(names))
-    ids = tree.order[hit[tree.order]].tolist()
+    events = tree.trace.events
+    is_cast_op = tree.named(CAST_OPS.__contains__)
+    under_cast = np.zeros_like(is_cast_op)
+    has_parent = tree.parent >= 0
+    under_cast[has_parent] = is_cast_op[tree.parent[has_parent]]
+    tops = (is_cast_op & ~under_cast) | tree.named(_is_compiled_convert)
+    ids = tree.order[tops[tree.order]]
     step_us = _steps_us(tree)
-    gpu = tree.gpu_us.tolist()
-    context: dict[int, tuple[int, bool]] = {}
+    cause_ids, backwards = _contexts(tree, ids)
+    dur, gpu = tree.dur_us, tree.gpu_us
+    found = zip(
+        ids.tolist(),
+        cause_ids.tolist(),
+        backwards.tolist(),
+        dur[ids].tolist(),
+        gpu[ids].tolist(),
+        dur[cause_ids].tolist(),
+        gpu[cause_ids].tolist(),
+        strict=True,
+    )
     casts: list[Cast] = []
     causes: dict[int, tuple[float, float]] = {}
-    for i in ids:
-        name, up = names[i], parents[i]
-        if name in CAST_OPS and up >= 0 and names[up] in CAST_OPS:
-            continue
+    for i, cause, backward, cpu_us, gpu_us, cause_cpu_us, cause_gpu_us in found:
+        name = events[i].name
         args = _OP_ARGS.decode(events[i].args)
         pair = _converts(tree, i, args) if name in CAST_OPS else (UNKNOWN, UNKNOWN)
         if pair is None:
             continue
-        if up not in context:
-            context[up] = _context(tree, i)
-        cause, backward = context[up]
         shape = _shape(args)
         numel = math.prod(shape) if shape is not None else None
         size_in, size_out = ITEMSIZE.get(pair[0]), ITEMSIZE.get(pair[1])
-        cpu_us, gpu_us = events[i].dur, gpu[i]
         if cause >= 0:
-            own = causes.get(cause, (events[cause].dur, gpu[cause]))
+            own = causes.get(cause, (cause_cpu_us, cause_gpu_us))
             causes[cause] = (own[0] - cpu_us, own[1] - gpu_us)
         casts.append(
             Cast(
                 i,
                 name,
-                names[cause] if cause >= 0 else "(top level)",
+                events[cause].name if cause >= 0 else "(top level)",
                 cause if cause >= 0 else None,
                 pair[0],
                 pair[1],

@@ -23,13 +23,17 @@ ranks) links each GPU event to the latest launch that precedes it.
 
 from __future__ import annotations
 
+import gc
 import gzip
+import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +70,7 @@ class _Link(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
-_LINK = msgspec.json.Decoder(_Link)
+_LINKS = msgspec.json.Decoder(list[_Link])
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,22 @@ class Trace:
         cats = Counter(e.cat for e in self.events)
         kinds = ", ".join(f"{n} {c or '(none)'}" for c, n in cats.most_common())
         return f"Trace {self.source or '(in memory)'}: {len(self.events)} events ({kinds})"
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: with a million events alive, each of the full
+    collections that creating many small objects triggers would walk them all again. The
+    objects made meanwhile join the oldest generation unscanned, as if they had survived."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 def _read(path: Path) -> bytes:
@@ -266,6 +286,7 @@ class Tree:
         anomalies: Anomalies,
         gpu_work: np.ndarray,
         dur_us: np.ndarray,
+        category: tuple[np.ndarray, list[str]],
     ):
         self.trace = trace
         self.included = included
@@ -275,6 +296,7 @@ class Tree:
         self.anomalies = anomalies
         self.gpu_work = gpu_work & included
         self.dur_us = dur_us
+        self.category = category
 
     def __len__(self) -> int:
         return int(self.included.sum())
@@ -309,6 +331,18 @@ class Tree:
     def names(self) -> list[str]:
         """Each event's name, by id."""
         return list(map(attrgetter("name"), self.trace.events))
+
+    @cached_property
+    def _name_codes(self) -> tuple[np.ndarray, list[str]]:
+        return _codes(map(attrgetter("name"), self.trace.events), len(self.trace.events))
+
+    def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
+        """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
+        return _matching(self._name_codes, predicate)
+
+    def in_category(self, predicate: Callable[[str], bool]) -> np.ndarray:
+        """Mask of the events whose category satisfies ``predicate`` (asked once per category)."""
+        return _matching(self.category, predicate)
 
     @cached_property
     def parents(self) -> list[int]:
@@ -421,11 +455,23 @@ def _compact(value: Any) -> str:
 _RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
 
 
-def _codes(values: list) -> tuple[np.ndarray, list]:
-    """Each value's index among the distinct values, and the distinct values."""
-    distinct = list(dict.fromkeys(values))
-    index = {v: k for k, v in enumerate(distinct)}
-    return np.fromiter(map(index.__getitem__, values), np.int64, len(values)), distinct
+class _Index(dict):
+    """Numbers values in the order they first appear."""
+
+    def __missing__(self, value: Any) -> int:
+        self[value] = code = len(self)
+        return code
+
+
+def _codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
+    """Each of ``n`` values' index among the distinct values, and the distinct values."""
+    index = _Index()
+    return np.fromiter(map(index.__getitem__, values), np.int64, n), list(index)
+
+
+def _matching(coded: tuple[np.ndarray, list], predicate: Callable[[Any], bool]) -> np.ndarray:
+    codes, distinct = coded
+    return np.fromiter(map(predicate, distinct), bool, len(distinct))[codes]
 
 
 def _link_gpu(
@@ -437,69 +483,115 @@ def _link_gpu(
 ) -> tuple[np.ndarray, int]:
     """Parent every GPU event to its launch; return the mask of linked events and the number
     of GPU events whose correlation id several launches share."""
-    launches: dict[int, list[int]] = {}
-    gpu: list[tuple[int, int]] = []
-    for i in candidates.tolist():
-        corr = _LINK.decode(events[i].args).correlation
-        if corr is None:
-            continue
-        if is_gpu[i]:
-            gpu.append((i, corr))
-        else:
-            launches.setdefault(corr, []).append(i)
+    args = [events[i].args for i in candidates.tolist()]
+    links = _LINKS.decode(b"[" + b",".join(args) + b"]")
+    correlations = list(map(attrgetter("correlation"), links))
+    correlated = np.fromiter(map(is_not, correlations, repeat(None)), bool, len(links))
+    ids = candidates[correlated]
+    corr = np.fromiter(compress(correlations, correlated), np.int64, len(ids))
+    on_gpu = is_gpu[ids]
+    launches, gpu = ids[~on_gpu], ids[on_gpu]
+    by_corr = np.argsort(corr[~on_gpu], kind="stable")
+    launch_corr = corr[~on_gpu][by_corr]
+    first = np.searchsorted(launch_corr, corr[on_gpu], side="left")
+    count = np.searchsorted(launch_corr, corr[on_gpu], side="right") - first
     linked = np.zeros(len(events), dtype=bool)
-    shared = 0
-    for i, corr in gpu:
-        found = launches.get(corr)
-        if not found:
-            continue
-        if len(found) > 1:
-            shared += 1
-            before = [j for j in found if start[j] <= start[i]]
-            found = [max(before, key=lambda j: start[j])] if before else found
-        parent[i] = found[0]
-        linked[i] = True
-    return linked, shared
+    linked[gpu[count > 0]] = True
+    parent[gpu[count == 1]] = launches[by_corr[first[count == 1]]]
+    for i, lo, n in zip(gpu[count > 1].tolist(), first[count > 1], count[count > 1], strict=True):
+        found = launches[by_corr[lo : lo + n]].tolist()
+        before = [j for j in found if start[j] <= start[i]]
+        parent[i] = max(before, key=lambda j: start[j]) if before else found[0]
+    return linked, int((count > 1).sum())
 
 
-def _nest(
-    order: list[int],
-    start: list[int],
-    end: list[int],
-    thread: list[int],
-    parent: list[int],
-    depth: list[int],
-) -> tuple[int, int, int]:
-    """Nest events given in (thread, start, longest first) order with one stack per thread;
-    fill ``parent`` and ``depth``; return the overlap, touching and identical counts."""
-    overlaps = touching = identical = 0
-    stack: list[int] = []
-    current = -1
-    for i in order:
-        if thread[i] != current:
-            current, stack = thread[i], []
-        s, e = start[i], end[i]
-        while stack and end[stack[-1]] <= s:
-            done = stack.pop()
-            if end[done] == s and start[done] < s:
-                touching += 1
-        if stack:
-            p = stack[-1]
-            parent[i] = p
-            depth[i] = len(stack)
-            if e > end[p]:
-                overlaps += 1
-            elif s == start[p] and e == end[p]:
-                identical += 1
-        stack.append(i)
-    return overlaps, touching, identical
+def _nest_in_stack(start: list[int], end: list[int]) -> tuple[list[int], list[int], Counter]:
+    """Nest one thread's events, given in (start, longest first) order, with one stack."""
+    parents: list[int] = []
+    depths: list[int] = []
+    seen: Counter = Counter()
+    stack = [(math.inf, -1, -1)]  # (end, start, position) of the open events, above a root guard
+    for k, (s, e) in enumerate(zip(start, end, strict=True)):
+        top = stack[-1]
+        while top[0] <= s:
+            stack.pop()
+            if top[0] == s and top[1] < s:
+                seen["touching"] += 1
+            top = stack[-1]
+        parents.append(top[2])
+        depths.append(len(stack) - 1)
+        if e > top[0]:
+            seen["overlaps"] += 1
+        elif s == top[1] and e == top[0]:
+            seen["identical"] += 1
+        stack.append((e, s, k))
+    return parents, depths, seen
+
+
+def _nest_without_overlaps(
+    start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, Counter] | None:
+    """What :func:`_nest_in_stack` finds, by array operations, or None if an event overlaps
+    its parent.
+
+    Without overlaps, the stack at event k holds exactly the earlier events that end after
+    ``start[k]``: their count is k's depth, and the parent is the last earlier event one
+    level up.
+    """
+    m = len(start)
+    position = np.arange(m)
+    # Earlier events ended by start[k]: all ends up to it, less the zero-length events at
+    # start[k] sorted after k (they close the group of events with that start).
+    zero_length = np.concatenate(([0], np.cumsum(start == end)))
+    group_end = np.searchsorted(start, start, side="right")
+    ended = np.searchsorted(np.sort(end), start, side="right")
+    depth = position - ended + zero_length[group_end] - zero_length[position]
+    by_level = np.sort(depth * m + position)
+    above = by_level[np.maximum(np.searchsorted(by_level, (depth - 1) * m + position) - 1, 0)]
+    nested = depth > 0
+    parent = np.where(nested, above % m, -1)
+    if (above[nested] // m != depth[nested] - 1).any() or (end > end[parent])[nested].any():
+        return None
+    closer = np.searchsorted(start, end)  # the event that closes each one, if any
+    closed = (start < end) & (closer < m)
+    touching = start[closer[closed]] == end[closed]
+    identical = nested & (start == start[parent]) & (end == end[parent])
+    return parent, depth, Counter(touching=int(touching.sum()), identical=int(identical.sum()))
+
+
+def _nest(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, Counter]:
+    """Each event's parent position (-1 for a root) and depth among one thread's events,
+    given in (start, longest first) order, and the counts of overlapping, touching and
+    identical intervals."""
+    found = _nest_without_overlaps(start, end)
+    if found is not None:
+        return found
+    parents, depths, seen = _nest_in_stack(start.tolist(), end.tolist())
+    return np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64), seen
+
+
+def _time_order(
+    ids: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray, thread: np.ndarray
+) -> np.ndarray:
+    """``ids`` sorted by thread, then start, then longest first, then layer, then file order.
+
+    Exports often list each thread's events in time order already: then only threads need
+    sorting.
+    """
+    ids = ids[np.argsort(thread[ids], kind="stable")]
+    first = start[ids]
+    by_length = (first - end[ids]) * 4 + rank[ids]
+    later, shorter, other_thread = np.diff(first), np.diff(by_length), np.diff(thread[ids])
+    if not ((later > 0) | ((later == 0) & (shorter >= 0)) | (other_thread != 0)).all():
+        ids = ids[np.lexsort((by_length, first, thread[ids]))]
+    return ids
 
 
 def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
     """Nest a trace's complete events into per-thread call trees (see the module docs)."""
     events = trace.events
     n = len(events)
-    cat, cats = _codes(list(map(attrgetter("cat"), events)))
+    cat, cats = _codes(map(attrgetter("cat"), events), n)
     left_out = {PYTHON} if not python else set()
     left_out |= {ANNOTATION} if not annotations else set()
     included = ~np.isin(cat, [k for k, c in enumerate(cats) if c in left_out])
@@ -515,32 +607,32 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     linked, shared = _link_gpu(
         events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
     )
-    pid, _ = _codes(list(map(attrgetter("pid"), events)))
-    tid, tids = _codes(list(map(attrgetter("tid"), events)))
+    pid, _ = _codes(map(attrgetter("pid"), events), n)
+    tid, tids = _codes(map(attrgetter("tid"), events), n)
     thread = pid * len(tids) + tid
 
     nested = np.flatnonzero(included & ~linked)
-    # One stable sort: thread, then start, then longest first, then layer, then file order.
-    by_length = (start - end)[nested] * 4 + rank[nested]
-    nested = nested[np.lexsort((by_length, start[nested], thread[nested]))]
-    par, dep = parent.tolist(), [0] * n
-    overlaps, touching, identical = _nest(
-        nested.tolist(), start.tolist(), end.tolist(), thread.tolist(), par, dep
-    )
-    parent = np.array(par, dtype=np.int64)
-    depth = np.array(dep, dtype=np.int64)
+    nested = _time_order(nested, start, end, rank, thread)
+    depth = np.zeros(n, dtype=np.int64)
+    seen: Counter = Counter()
+    bounds = np.flatnonzero(np.diff(thread[nested])) + 1
+    for ids in np.split(nested, bounds):
+        par, dep, counts = _nest(start[ids], end[ids])
+        parent[ids] = np.where(par >= 0, ids[par], -1)
+        depth[ids] = dep
+        seen += counts
     linked_ids = np.flatnonzero(linked)
     depth[linked_ids] = depth[parent[linked_ids]] + 1
     order = np.concatenate((nested, linked_ids))
     anomalies = Anomalies(
-        overlaps=overlaps,
-        touching=touching,
-        identical=identical,
+        overlaps=seen["overlaps"],
+        touching=seen["touching"],
+        identical=seen["identical"],
         shared_correlation=shared,
         unlinked_gpu=int((is_gpu & included & ~linked).sum()),
         left_out=int(n - included.sum()),
     )
-    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, dur)
+    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, dur, (cat, cats))
 
 
 def casts(tree: Tree):
