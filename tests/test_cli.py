@@ -1,9 +1,8 @@
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import mpguide_process
 
 from mpguide.cli import main
 
@@ -46,12 +45,7 @@ def test_bad_arguments_give_one_line_and_status_2(capsys, argv, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_missing_cuda_as_a_process():
-    proc = subprocess.run(
-        [sys.executable, "-m", "mpguide", "policy", "--device", "cuda"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = mpguide_process("policy", "--device", "cuda")
     assert proc.returncode == 2
     assert proc.stderr.startswith("mpguide: error: device 'cuda' is not available")
     assert "Traceback" not in proc.stderr and proc.stdout == ""

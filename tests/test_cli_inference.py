@@ -1,10 +1,7 @@
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import mpguide_process
 
 from mpguide import MPGuideError, inference
 from mpguide.cli import main
@@ -87,29 +84,19 @@ def test_bad_arguments_give_one_line_and_status_2(capsys, factory, argv, message
 def test_as_a_process(tmp_path):
     """Run from the reader's folder, where their module lives."""
     (tmp_path / "reader_model.py").write_text(FACTORY)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mpguide",
-            "inference",
-            "--model",
-            "reader_model:make",
-            "--device",
-            "cpu",
-            "--variants",
-            "fp32,fp16",
-            "--repeat",
-            "2",
-            "--format",
-            "csv",
-        ],
-        capture_output=True,
-        text=True,
+    proc = mpguide_process(
+        "inference",
+        "--model",
+        "reader_model:make",
+        "--device",
+        "cpu",
+        "--variants",
+        "fp32,fp16",
+        "--repeat",
+        "2",
+        "--format",
+        "csv",
         cwd=tmp_path,
-        env=env,
-        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("variant,logits,max error")

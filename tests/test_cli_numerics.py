@@ -1,11 +1,10 @@
 import csv
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import mpguide_process
 
 from mpguide import formats
 from mpguide.cli import main
@@ -41,11 +40,6 @@ def test_unknown_format_is_one_line_with_status_2(capsys):
 
 
 def test_formats_as_a_process():
-    proc = subprocess.run(
-        [sys.executable, "-m", "mpguide", "formats", "--format", "markdown"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = mpguide_process("formats", "--format", "markdown")
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("**Floating-point formats in torch")

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import mpguide_process
 
 from mpguide.cli import main
 
@@ -81,11 +82,6 @@ def test_casts_as_a_process_without_torch(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "aten::matmul" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "mpguide", "casts", str(tmp_path / "x.json")],
-        capture_output=True,
-        check=False,
-        text=True,
-    )
+    bad = mpguide_process("casts", str(tmp_path / "x.json"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("mpguide: error: ")
