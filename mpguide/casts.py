@@ -11,7 +11,8 @@ caused it: the nearest ancestor that is neither a cast nor a Python frame.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from html import escape
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -20,7 +21,7 @@ import msgspec
 import numpy as np
 
 from mpguide.table import Table
-from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree, paused_gc
+from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree, codes, paused_gc
 
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 COMPILED_MARKS = ("_to_copy", "convert_element_type")
@@ -123,29 +124,54 @@ def _scalar_type(code: str) -> str | None:
     return f"ScalarType {code}" if code.isdigit() else None
 
 
-class _OpArgs(msgspec.Struct, gc=False):
-    types: list[Any] | None = msgspec.field(default=None, name="Input type")
-    dims: list[msgspec.Raw] | None = msgspec.field(default=None, name="Input Dims")
-    concrete: list[Any] | None = msgspec.field(default=None, name="Concrete Inputs")
+_NULL = msgspec.Raw(b"null")
 
 
-_OP_ARGS = msgspec.json.Decoder(_OpArgs)
-_SHAPE = msgspec.json.Decoder(tuple[int, ...])
+class _CastArgs(msgspec.Struct, gc=False):
+    """The ``args`` entries that name a cast's dtypes and shape, left undecoded."""
+
+    types: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=_NULL, name="Concrete Inputs")
+    dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
 
 
-def _at(items: list | None, i: int) -> Any:
-    return items[i] if items is not None and len(items) > i else None
+_CAST_ARGS = msgspec.json.Decoder(_CastArgs)
+_CAST_ARGS_LIST = msgspec.json.Decoder(list[_CastArgs])
+
+_Key = tuple[str, bytes, bytes, bytes]
+_Described = tuple[tuple[str, str], tuple[int, ...] | None]
 
 
-def _dtypes(name: str, args: _OpArgs) -> tuple[str, str]:
-    """(source, target) dtype of a cast op, ``'?'`` where the trace does not say."""
+def _key(name: str, args: _CastArgs) -> _Key:
+    return name, bytes(args.types), bytes(args.concrete), bytes(args.dims)
+
+
+def _list(raw: bytes) -> list:
+    value = msgspec.json.decode(raw)
+    return value if isinstance(value, list) else []
+
+
+def _at(items: list, i: int) -> Any:
+    return items[i] if len(items) > i else None
+
+
+def _describe(name: str, types: bytes, concrete: bytes, dims: bytes) -> _Described:
+    """(source, target) dtype of a cast op, ``'?'`` where the trace does not say, and the
+    first input's shape."""
+    types_, first_dims = _list(types), _at(_list(dims), 0)
     if name == "aten::copy_":
-        dst, src = _at(args.types, 0), _at(args.types, 1)
-        return (dtype_of(src) if src else UNKNOWN), (dtype_of(dst) if dst else UNKNOWN)
-    src = _at(args.types, 0)
-    code = _at(args.concrete, 1)
-    target = _scalar_type(code) if isinstance(code, str) and code else None
-    return (dtype_of(src) if src else UNKNOWN), (target or UNKNOWN)
+        dst, src = _at(types_, 0), _at(types_, 1)
+    elif name in CAST_OPS:
+        code = _at(_list(concrete), 1)
+        src, dst = _at(types_, 0), _scalar_type(code) if isinstance(code, str) and code else None
+    else:
+        src = dst = None
+    pair = (dtype_of(src) if src else UNKNOWN), (dtype_of(dst) if dst else UNKNOWN)
+    try:
+        shape = None if first_dims is None else msgspec.convert(first_dims, tuple[int, ...])
+    except msgspec.ValidationError:
+        shape = None
+    return pair, shape
 
 
 def _direction(source: str, target: str) -> str:
@@ -220,21 +246,75 @@ def _cell(cast: Cast) -> tuple:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CastReport:
-    """Every cast found in a tree, with the time of the profiled steps they fall in."""
+    """Every cast found in a tree, as one array per column, with the time of the profiled
+    steps they fall in. :attr:`casts` lists them one by one; the summaries are computed on
+    the columns.
 
-    casts: tuple[Cast, ...]
+    Per cast: ``ids`` (node id), ``op`` and ``cause`` (indexes into ``names``),
+    ``cause_ids`` (-1 at top level), ``pair`` (index into ``pairs``), ``shape`` (index into
+    ``shapes``), ``cpu_us`` and ``gpu_us``, the causing op's own ``cause_cpu_us`` and
+    ``cause_gpu_us``, and ``backward``.
+    """
+
+    ids: np.ndarray
+    op: np.ndarray
+    cause: np.ndarray
+    cause_ids: np.ndarray
+    pair: np.ndarray
+    shape: np.ndarray
+    cpu_us: np.ndarray
+    gpu_us: np.ndarray
+    cause_cpu_us: np.ndarray
+    cause_gpu_us: np.ndarray
+    backward: np.ndarray
+    names: list[str]
+    pairs: list[tuple[str, str]]
+    shapes: list[tuple[int, ...] | None]
     step_us: float
     source: str = ""
-    cause_time: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     gpu: bool = False
 
     def __len__(self) -> int:
-        return len(self.casts)
+        return len(self.ids)
 
     def __iter__(self):
         return iter(self.casts)
+
+    def _bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes read and written per cast, NaN where the size or shape is unknown."""
+        numel = np.array([math.nan if s is None else math.prod(s) for s in self.shapes], float)
+        size_in, size_out = (
+            np.array([ITEMSIZE.get(p[k], math.nan) for p in self.pairs], float) for k in (0, 1)
+        )
+        n = numel[self.shape]
+        return n * size_in[self.pair], n * size_out[self.pair]
+
+    @cached_property
+    def casts(self) -> tuple[Cast, ...]:
+        """One :class:`Cast` per row."""
+        names, pairs, shapes = self.names, self.pairs, self.shapes
+        read, written = (list(map(_count, b.tolist())) for b in self._bytes())
+        pair = [pairs[k] for k in self.pair.tolist()]
+        cpu = self.cpu_us.tolist()
+        share = [c / self.step_us for c in cpu] if self.step_us else [None] * len(cpu)
+        columns = (
+            self.ids.tolist(),
+            [names[k] for k in self.op.tolist()],
+            [names[k] for k in self.cause.tolist()],
+            [None if i < 0 else i for i in self.cause_ids.tolist()],
+            [p[0] for p in pair],
+            [p[1] for p in pair],
+            [shapes[k] for k in self.shape.tolist()],
+            read,
+            written,
+            cpu,
+            self.gpu_us.tolist(),
+            share,
+            self.backward.tolist(),
+        )
+        return tuple(map(Cast._make, zip(*columns, strict=True)))
 
     def _fit(self, table: Table) -> Table:
         """Without the GPU columns when the trace has no GPU events."""
@@ -246,70 +326,85 @@ class CastReport:
 
     def table(self) -> Table:
         """One row per cast (GPU time only when the trace has GPU events)."""
-        n = len(self.casts)
+        n = len(self)
         return self._fit(
             Table(
                 COLUMNS,
-                tuple(_cell(c) for c in self.casts),
+                tuple(map(_cell, self.casts)),
                 caption=f"{n} cast{'' if n == 1 else 's'} in {self.source or 'the trace'}",
             )
         )
 
-    @paused_gc()
+    def _groups(self, by: str) -> tuple[np.ndarray, list[tuple]]:
+        """Each cast's group under ``by``, and each group's key cells."""
+        if by == "cause":
+            return self.cause, [(n,) for n in self.names]
+        if by == "pair":
+            return self.pair, self.pairs
+        if by == "pass":
+            return self.backward.astype(np.int64), [("forward",), ("backward",)]
+        direction, labels = codes((_direction(*p) for p in self.pairs), len(self.pairs))
+        return direction[self.pair], [(d,) for d in labels]
+
     def summary(self, by: str = "cause") -> Table:
         """Casts aggregated by ``cause``, ``pair`` (source and target), ``direction`` or
-        ``pass``: count, bytes, CPU and GPU time, and share of the profiled steps.
+        ``pass``: count, bytes, CPU and GPU time, and share of the profiled steps, largest
+        CPU time first.
 
         By cause, ``op cpu us`` and ``op gpu us`` are the time of the causing ops less the
         casts in them, to set a cast's cost against the work of the op that asked for it.
         """
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")
-        keys = SUMMARY_KEYS[by]
-        key_of = attrgetter(*(_ATTRIBUTES.get(k, k) for k in keys))
-        groups: dict[Any, list[Cast]] = {}
-        for c in self.casts:
-            groups.setdefault(key_of(c), []).append(c)
-        extra = ("op cpu us", "op gpu us") if by == "cause" else ()
-        columns = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
-        totals = []
-        for key, members in groups.items():
-            cpu = sum(map(attrgetter("cpu_us"), members))
-            totals.append((key if len(keys) > 1 else (key,), members, cpu))
+        group, labels = self._groups(by)
+        present, first, which = np.unique(group, return_index=True, return_inverse=True)
+        k = len(present)
+        count = np.bincount(which, minlength=k)
+        written = np.bincount(which, np.nan_to_num(self._bytes()[1]), k)
+        cpu = np.bincount(which, self.cpu_us, k)
+        gpu = np.bincount(which, self.gpu_us, k)
+        columns = [present, count, written, cpu, gpu]
+        if by == "cause":
+            columns += self._own_time(present)
         rows = []
-        for key, members, cpu in sorted(totals, key=lambda t: -t[2]):
-            row = [
-                *key,
-                len(members),
-                sum(filter(None, map(attrgetter("bytes_written"), members))),
-                round(cpu, 3),
-                round(sum(map(attrgetter("gpu_us"), members)), 3),
-            ]
-            if by == "cause":
-                own = [self.cause_time.get(i, (0.0, 0.0)) for i in {c.cause_id for c in members}]
-                row += [round(sum(t[0] for t in own), 3), round(sum(t[1] for t in own), 3)]
-            row.append(round(cpu / self.step_us, 4) if self.step_us else None)
-            rows.append(tuple(row))
+        for key, n, w, c, g, *own in zip(*(x.tolist() for x in columns), strict=True):
+            share = round(c / self.step_us, 4) if self.step_us else None
+            times = [round(t, 3) for t in (c, g, *own)]
+            rows.append((*labels[key], n, int(w), *times, share))
+        rows = [rows[i] for i in np.lexsort((first, -cpu)).tolist()]
+        extra = ("op cpu us", "op gpu us") if by == "cause" else ()
+        keys = SUMMARY_KEYS[by]
+        columns = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
         return self._fit(Table(columns, tuple(rows), caption=f"casts by {by}"))
+
+    def _own_time(self, present: np.ndarray) -> list[np.ndarray]:
+        """Per cause in ``present``, the CPU and GPU time of its ops less their casts."""
+        ops, first, which = np.unique(self.cause_ids, return_index=True, return_inverse=True)
+        at = np.searchsorted(present, self.cause[first])
+        out = []
+        for own, cast in ((self.cause_cpu_us, self.cpu_us), (self.cause_gpu_us, self.gpu_us)):
+            per_op = own[first] - np.bincount(which, cast, len(ops))
+            out.append(np.bincount(at, np.where(ops >= 0, per_op, 0.0), len(present)))
+        return out
 
     def __repr__(self) -> str:
         return self.summary("cause").to_text()
 
     def _repr_html_(self) -> str:
-        n = len(self.casts)
+        n = len(self)
         head = escape(f"{n} cast{'' if n == 1 else 's'} in {self.step_us:.1f} us of profiled steps")
         return f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}"
 
 
-def _converts(tree: Tree, top: int, args: _OpArgs) -> tuple[str, str] | None:
-    """(source, target) of the cast chain under ``top`` if it converts, else None."""
-    events = tree.trace.events
-    source, target = _dtypes(events[top].name, args)
-    if UNKNOWN not in (source, target):
-        return (source, target) if source != target else None
+def _count(value: float) -> int | None:
+    return None if math.isnan(value) else int(value)
+
+
+def _chain_pair(tree: Tree, top: int) -> tuple[str, str] | None:
+    """(source, target) of the first copy_ in the chain under ``top`` that converts."""
     for node in Node(tree, top).walk():
         if node.name == "aten::copy_":
-            pair = _dtypes(node.name, _OP_ARGS.decode(node.event.args))
+            pair = _describe(*_key(node.name, _CAST_ARGS.decode(node.event.args)))[0]
             if pair[0] != pair[1]:
                 return pair
     return None
@@ -339,15 +434,6 @@ def _contexts(tree: Tree, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cause, backward
 
 
-def _shape(args: _OpArgs) -> tuple[int, ...] | None:
-    """The first input's shape; only its ``Input Dims`` entry is decoded."""
-    dims = _at(args.dims, 0)
-    try:
-        return None if dims is None else _SHAPE.decode(dims)
-    except msgspec.ValidationError:
-        return None
-
-
 def _steps_us(tree: Tree) -> float:
     steps = _steps(tree) & tree.included
     if steps.any():
@@ -367,48 +453,44 @@ def report(tree: Tree) -> CastReport:
     under_cast[has_parent] = is_cast_op[tree.parent[has_parent]]
     tops = (is_cast_op & ~under_cast) | tree.named(_is_compiled_convert)
     ids = tree.order[tops[tree.order]]
-    step_us = _steps_us(tree)
-    cause_ids, backwards = _contexts(tree, ids)
+    top = [events[i] for i in ids.tolist()]
+    args = _CAST_ARGS_LIST.decode(b"[" + b",".join(map(attrgetter("args"), top)) + b"]")
+    shape, keys = codes(map(_key, map(attrgetter("name"), top), args), len(top))
+    described = [_describe(*key) for key in keys]
+    pair_of_key, pairs = codes((p for p, _ in described), len(described))
+    pair = pair_of_key[shape]
+    known = np.array([UNKNOWN not in p for p in pairs], dtype=bool)[pair]
+    same = np.array([p[0] == p[1] for p in pairs], dtype=bool)[pair]
+    cast_op = is_cast_op[ids]
+    kept = ~cast_op | (known & ~same)
+    pairs = list(pairs)
+    for k in np.flatnonzero(cast_op & ~known).tolist():
+        found = _chain_pair(tree, int(ids[k]))
+        if found is not None:
+            kept[k] = True
+            pairs.append(found)
+            pair[k] = len(pairs) - 1
+    ids, pair, shape = ids[kept], pair[kept], shape[kept]
+    cause_ids, backward = _contexts(tree, ids)
+    caused = cause_ids >= 0
+    name_code, names = tree.name_codes
     dur, gpu = tree.dur_us, tree.gpu_us
-    found = zip(
-        ids.tolist(),
-        cause_ids.tolist(),
-        backwards.tolist(),
-        dur[ids].tolist(),
-        gpu[ids].tolist(),
-        dur[cause_ids].tolist(),
-        gpu[cause_ids].tolist(),
-        strict=True,
+    return CastReport(
+        ids=ids,
+        op=name_code[ids],
+        cause=np.where(caused, name_code[cause_ids], len(names)),
+        cause_ids=cause_ids,
+        pair=pair,
+        shape=shape,
+        cpu_us=dur[ids],
+        gpu_us=gpu[ids],
+        cause_cpu_us=np.where(caused, dur[cause_ids], 0.0),
+        cause_gpu_us=np.where(caused, gpu[cause_ids], 0.0),
+        backward=backward,
+        names=[*names, "(top level)"],
+        pairs=pairs,
+        shapes=[s for _, s in described],
+        step_us=_steps_us(tree),
+        source=tree.trace.source,
+        gpu=bool(tree.gpu_work.any()),
     )
-    casts: list[Cast] = []
-    causes: dict[int, tuple[float, float]] = {}
-    for i, cause, backward, cpu_us, gpu_us, cause_cpu_us, cause_gpu_us in found:
-        name = events[i].name
-        args = _OP_ARGS.decode(events[i].args)
-        pair = _converts(tree, i, args) if name in CAST_OPS else (UNKNOWN, UNKNOWN)
-        if pair is None:
-            continue
-        shape = _shape(args)
-        numel = math.prod(shape) if shape is not None else None
-        size_in, size_out = ITEMSIZE.get(pair[0]), ITEMSIZE.get(pair[1])
-        if cause >= 0:
-            own = causes.get(cause, (cause_cpu_us, cause_gpu_us))
-            causes[cause] = (own[0] - cpu_us, own[1] - gpu_us)
-        casts.append(
-            Cast(
-                i,
-                name,
-                events[cause].name if cause >= 0 else "(top level)",
-                cause if cause >= 0 else None,
-                pair[0],
-                pair[1],
-                shape,
-                numel * size_in if numel is not None and size_in else None,
-                numel * size_out if numel is not None and size_out else None,
-                cpu_us,
-                gpu_us,
-                cpu_us / step_us if step_us else None,
-                backward,
-            )
-        )
-    return CastReport(tuple(casts), step_us, tree.trace.source, causes, bool(tree.gpu_work.any()))

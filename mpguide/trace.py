@@ -333,12 +333,13 @@ class Tree:
         return list(map(attrgetter("name"), self.trace.events))
 
     @cached_property
-    def _name_codes(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(map(attrgetter("name"), self.trace.events), len(self.trace.events))
+    def name_codes(self) -> tuple[np.ndarray, list[str]]:
+        """Each event's index among the distinct names, and the distinct names."""
+        return codes(map(attrgetter("name"), self.trace.events), len(self.trace.events))
 
     def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
-        return _matching(self._name_codes, predicate)
+        return _matching(self.name_codes, predicate)
 
     def in_category(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose category satisfies ``predicate`` (asked once per category)."""
@@ -463,7 +464,7 @@ class _Index(dict):
         return code
 
 
-def _codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
+def codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
     """Each of ``n`` values' index among the distinct values, and the distinct values."""
     index = _Index()
     return np.fromiter(map(index.__getitem__, values), np.int64, n), list(index)
@@ -591,7 +592,7 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     """Nest a trace's complete events into per-thread call trees (see the module docs)."""
     events = trace.events
     n = len(events)
-    cat, cats = _codes(map(attrgetter("cat"), events), n)
+    cat, cats = codes(map(attrgetter("cat"), events), n)
     left_out = {PYTHON} if not python else set()
     left_out |= {ANNOTATION} if not annotations else set()
     included = ~np.isin(cat, [k for k, c in enumerate(cats) if c in left_out])
@@ -607,8 +608,8 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     linked, shared = _link_gpu(
         events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
     )
-    pid, _ = _codes(map(attrgetter("pid"), events), n)
-    tid, tids = _codes(map(attrgetter("tid"), events), n)
+    pid, _ = codes(map(attrgetter("pid"), events), n)
+    tid, tids = codes(map(attrgetter("tid"), events), n)
     thread = pid * len(tids) + tid
 
     nested = np.flatnonzero(included & ~linked)
