@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, not_
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +131,9 @@ def parse(data: bytes, source: str = "") -> Trace:
     except msgspec.DecodeError as err:
         raise MPGuideError(f"{where}: not valid JSON ({err})") from None
     events = doc if isinstance(doc, list) else doc.traceEvents
-    complete = tuple(e for e in events if e.ph == "X")
-    other = Counter(e.ph for e in events if e.ph != "X")
-    return Trace(complete, dict(other), source)
+    is_complete = [e.ph == "X" for e in events]
+    other = Counter(map(attrgetter("ph"), compress(events, map(not_, is_complete))))
+    return Trace(tuple(compress(events, is_complete)), dict(other), source)
 
 
 def load(path: str | Path) -> Trace:
