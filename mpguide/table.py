@@ -24,12 +24,16 @@ def cell(value: Any) -> str:
     """How one value reads in a table."""
     if value is None:
         return ""
-    if _is_dtype(value):
-        return str(value).removeprefix("torch.")
+    if isinstance(value, str):
+        return value
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, int):
+        return str(value)
     if isinstance(value, (list, tuple)):
         return ", ".join(cell(v) for v in value)
+    if _is_dtype(value):
+        return str(value).removeprefix("torch.")
     return str(value)
 
 
