@@ -133,6 +133,41 @@ def test_gpu_time_and_summaries_on_a_generated_gpu_trace():
         report.summary("dtype")
 
 
+def _by_hand(report, by):
+    """The summary computed from the casts one by one."""
+    key = {
+        "cause": lambda c: (c.cause,),
+        "pair": lambda c: (c.source, c.target),
+        "direction": lambda c: (c.direction,),
+        "pass": lambda c: (c.pass_,),
+    }[by]
+    groups = {}
+    for c in report:
+        groups.setdefault(key(c), []).append(c)
+    return {
+        k: (len(cs), sum(c.bytes_written or 0 for c in cs), sum(c.cpu_us for c in cs))
+        for k, cs in groups.items()
+    }
+
+
+@pytest.mark.parametrize("by", ["cause", "pair", "direction", "pass"])
+def test_summaries_add_up_the_casts(by):
+    events = tracegen.generate(400, python=True, gpu=True, threads=2, layers_per_step=1, seed=3)
+    doc = json.dumps({"traceEvents": [tracegen._json(e) for e in events]}).encode()
+    report = casts.report(trace.parse(doc).tree(python=True))
+    summary = report.summary(by)
+    width = len(casts.SUMMARY_KEYS[by])
+    found = {tuple(r[:width]): (r[width], r[width + 1], r[width + 2]) for r in summary.rows}
+    expected = _by_hand(report, by)
+    assert found.keys() == expected.keys()
+    assert len(found) > 1 or by == "pass"
+    for k, (n, written, cpu) in expected.items():
+        assert found[k][:2] == (n, written)
+        assert found[k][2] == pytest.approx(round(cpu, 3), abs=1e-3)
+    cpu_order = [r[width + 2] for r in summary.rows]
+    assert cpu_order == sorted(cpu_order, reverse=True)
+
+
 def test_renderings():
     report = report_of(*to_chain(BASE, [4], "float", "c10::BFloat16", "15"))
     assert "float32  bfloat16  1" in repr(report.summary("pair"))
