@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 from html import escape
-from operator import attrgetter
 from typing import Any, NamedTuple
 
 import msgspec
@@ -404,7 +403,8 @@ def _chain_pair(tree: Tree, top: int) -> tuple[str, str] | None:
     """(source, target) of the first copy_ in the chain under ``top`` that converts."""
     for node in Node(tree, top).walk():
         if node.name == "aten::copy_":
-            pair = _describe(*_key(node.name, _CAST_ARGS.decode(node.event.args)))[0]
+            args = _CAST_ARGS.decode(node.tree.trace.args.raw(node.id))
+            pair = _describe(*_key(node.name, args))[0]
             if pair[0] != pair[1]:
                 return pair
     return None
@@ -446,16 +446,16 @@ def report(tree: Tree) -> CastReport:
     """Every cast in ``tree``: a chain of cast ops whose dtypes differ, or a compiled convert
     kernel. Share is CPU time over the time of the profiled steps (``ProfilerStep#N``) or,
     without steps, of the top-level ops."""
-    events = tree.trace.events
     is_cast_op = tree.named(CAST_OPS.__contains__)
     under_cast = np.zeros_like(is_cast_op)
     has_parent = tree.parent >= 0
     under_cast[has_parent] = is_cast_op[tree.parent[has_parent]]
     tops = (is_cast_op & ~under_cast) | tree.named(_is_compiled_convert)
     ids = tree.order[tops[tree.order]]
-    top = [events[i] for i in ids.tolist()]
-    args = _CAST_ARGS_LIST.decode(b"[" + b",".join(map(attrgetter("args"), top)) + b"]")
-    shape, keys = codes(map(_key, map(attrgetter("name"), top), args), len(top))
+    names = tree.trace.name
+    args = _CAST_ARGS_LIST.decode(b"[" + b",".join(tree.trace.args.raws(ids)) + b"]")
+    top_names = map(names.values.__getitem__, names.codes[ids].tolist())
+    shape, keys = codes(map(_key, top_names, args), len(ids))
     described = [_describe(*key) for key in keys]
     pair_of_key, pairs = codes((p for p, _ in described), len(described))
     pair = pair_of_key[shape]
@@ -473,7 +473,7 @@ def report(tree: Tree) -> CastReport:
     ids, pair, shape = ids[kept], pair[kept], shape[kept]
     cause_ids, backward = _contexts(tree, ids)
     caused = cause_ids >= 0
-    name_code, names = tree.name_codes
+    name_code, names = tree.trace.name
     dur, gpu = tree.dur_us, tree.gpu_us
     return CastReport(
         ids=ids,

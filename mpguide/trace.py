@@ -1,8 +1,10 @@
 """Read chrome traces exported by ``torch.profiler`` and build their call trees.
 
-:func:`load` reads a ``.json`` or ``.json.gz`` trace with a typed decoder; each event's
-``args`` stay undecoded until a node's fields are asked for, so a trace of a million events
-loads in seconds. :func:`build` nests the complete (``ph: "X"``) events into one tree per
+:func:`load` reads a ``.json`` or ``.json.gz`` trace with a typed decoder into one array
+per field (:class:`Trace`); each event's ``args`` stay undecoded bytes until a node's fields
+are asked for. A large plain ``.json`` is cut at an event boundary near its middle and the
+two halves are decoded at once, here and in a worker process; when either half does not
+decode on its own, the file is decoded in one piece. :func:`build` nests the complete (``ph: "X"``) events into one tree per
 process and thread:
 
 - CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
@@ -26,6 +28,13 @@ from __future__ import annotations
 import gc
 import gzip
 import math
+import mmap
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,7 +44,7 @@ from html import escape
 from itertools import compress, repeat
 from operator import attrgetter, is_not, not_
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -71,24 +80,153 @@ class _Link(msgspec.Struct, gc=False):
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
 _LINKS = msgspec.json.Decoder(list[_Link])
+PARALLEL_BYTES = 64 << 20
+"""Plain traces at least this large are decoded in two processes."""
 
 
-@dataclass(frozen=True)
+class Coded(NamedTuple):
+    """A column kept as each event's index into the column's distinct values."""
+
+    codes: np.ndarray
+    values: list
+
+    def value(self, i: int) -> Any:
+        return self.values[self.codes[i]]
+
+
+@dataclass(frozen=True, eq=False)
+class Args:
+    """Each event's ``args`` as undecoded JSON, cut from a few byte blobs: event ``i`` ends
+    at byte ``ends[i]`` of the blobs laid end to end, blob ``k`` starting at ``offsets[k]``."""
+
+    blobs: tuple[bytes, ...]
+    offsets: np.ndarray
+    ends: np.ndarray
+
+    def raws(self, ids: np.ndarray) -> list[bytes]:
+        """The ``args`` JSON of each event in ``ids``."""
+        stop = self.ends[ids]
+        start = np.where(ids > 0, self.ends[ids - 1], 0)
+        blob = np.searchsorted(self.offsets, start, side="right") - 1
+        base = self.offsets[blob]
+        cuts = zip(blob.tolist(), (start - base).tolist(), (stop - base).tolist(), strict=True)
+        return [self.blobs[k][lo:hi] for k, lo, hi in cuts]
+
+    def raw(self, i: int) -> bytes:
+        return self.raws(np.array([i]))[0]
+
+
+class _Part(NamedTuple):
+    """The complete events of one piece of a trace as columns, and its other events counted."""
+
+    name: Coded
+    cat: Coded
+    pid: Coded
+    tid: Coded
+    ts: np.ndarray
+    dur: np.ndarray
+    args: bytes
+    ends: np.ndarray
+    other: Counter
+
+
+def _columns(events: list[Event]) -> _Part:
+    is_complete = [e.ph == "X" for e in events]
+    other = Counter(map(attrgetter("ph"), compress(events, map(not_, is_complete))))
+    complete = list(compress(events, is_complete))
+    n = len(complete)
+    coded = [Coded(*codes(map(attrgetter(f), complete), n)) for f in ("name", "cat", "pid", "tid")]
+    ts, dur = (np.fromiter(map(attrgetter(f), complete), float, n) for f in ("ts", "dur"))
+    raws = list(map(attrgetter("args"), complete))
+    ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
+    return _Part(*coded, ts, dur, b"".join(raws), ends, other)
+
+
+def _merged(columns: list[Coded]) -> Coded:
+    """One column from the pieces' columns, the codes renumbered over all distinct values."""
+    index = _Index()
+    parts = [
+        np.fromiter(map(index.__getitem__, c.values), np.int64, len(c.values))[c.codes]
+        for c in columns
+    ]
+    return Coded(np.concatenate(parts), list(index))
+
+
+def _trace(parts: list[_Part], source: str) -> Trace:
+    offsets = np.cumsum([0, *(len(p.args) for p in parts)])
+    return Trace(
+        *(_merged([getattr(p, f) for p in parts]) for f in ("name", "cat", "pid", "tid")),
+        ts=np.concatenate([p.ts for p in parts]),
+        dur=np.concatenate([p.dur for p in parts]),
+        args=Args(
+            tuple(p.args for p in parts),
+            offsets[:-1],
+            np.concatenate([p.ends + o for p, o in zip(parts, offsets.tolist(), strict=False)]),
+        ),
+        other=dict(sum((p.other for p in parts), Counter())),
+        source=source,
+    )
+
+
+class _Events(Sequence):
+    """The events of a :class:`Trace`, made one by one when asked for."""
+
+    def __init__(self, trace: Trace):
+        self._trace = trace
+
+    def __len__(self) -> int:
+        return len(self._trace)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self._trace.event(range(len(self))[i])
+
+
+@dataclass(frozen=True, eq=False)
 class Trace:
-    """The complete events of a chrome trace in file order, and how many other events it had."""
+    """The complete (``ph: "X"``) events of a chrome trace in file order, one array per
+    field, and how many events of each other phase it had."""
 
-    events: tuple[Event, ...]
+    name: Coded
+    cat: Coded
+    pid: Coded
+    tid: Coded
+    ts: np.ndarray
+    dur: np.ndarray
+    args: Args
     other: dict[str, int]
     source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def event(self, i: int) -> Event:
+        """Event ``i`` as it was exported."""
+        return Event(
+            ph="X",
+            name=self.name.value(i),
+            cat=self.cat.value(i),
+            pid=self.pid.value(i),
+            tid=self.tid.value(i),
+            ts=float(self.ts[i]),
+            dur=float(self.dur[i]),
+            args=msgspec.Raw(self.args.raw(i)),
+        )
+
+    @property
+    def events(self) -> Sequence[Event]:
+        return _Events(self)
 
     def tree(self, *, python: bool = False, annotations: bool = True) -> Tree:
         """The call tree of this trace; see :func:`build`."""
         return build(self, python=python, annotations=annotations)
 
     def __repr__(self) -> str:
-        cats = Counter(e.cat for e in self.events)
-        kinds = ", ".join(f"{n} {c or '(none)'}" for c, n in cats.most_common())
-        return f"Trace {self.source or '(in memory)'}: {len(self.events)} events ({kinds})"
+        counts = np.bincount(self.cat.codes, minlength=len(self.cat.values)).tolist()
+        ranked = sorted(zip(counts, self.cat.values, strict=True), key=lambda t: -t[0])
+        kinds = ", ".join(f"{n} {c or '(none)'}" for n, c in ranked)
+        return f"Trace {self.source or '(in memory)'}: {len(self)} events ({kinds})"
 
 
 @contextmanager
@@ -107,12 +245,15 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _read(path: Path) -> bytes:
+def _is_gzip(path: Path) -> bool:
     if not path.is_file():
         raise MPGuideError(f"{path}: no such file")
     with path.open("rb") as f:
-        gzipped = f.read(2) == b"\x1f\x8b"
-    if not gzipped:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _read(path: Path) -> bytes:
+    if not _is_gzip(path):
         return path.read_bytes()
     try:
         with gzip.open(path, "rb") as f:
@@ -121,25 +262,111 @@ def _read(path: Path) -> bytes:
         raise MPGuideError(f"{path}: broken gzip file ({err})") from None
 
 
-def parse(data: bytes, source: str = "") -> Trace:
-    """A trace from the bytes of a chrome-trace JSON document."""
-    where = source or "trace"
+def _decode(data: bytes | bytearray | mmap.mmap, where: str) -> list[Event]:
     try:
         doc = _DECODER.decode(data)
     except msgspec.ValidationError as err:
         raise MPGuideError(f"{where}: not a chrome trace ({err})") from None
     except msgspec.DecodeError as err:
         raise MPGuideError(f"{where}: not valid JSON ({err})") from None
-    events = doc if isinstance(doc, list) else doc.traceEvents
-    is_complete = [e.ph == "X" for e in events]
-    other = Counter(map(attrgetter("ph"), compress(events, map(not_, is_complete))))
-    return Trace(tuple(compress(events, is_complete)), dict(other), source)
+    return doc if isinstance(doc, list) else doc.traceEvents
 
 
+@paused_gc()
+def parse(data: bytes, source: str = "") -> Trace:
+    """A trace from the bytes of a chrome-trace JSON document."""
+    return _trace([_columns(_decode(data, source or "trace"))], source)
+
+
+@paused_gc()
 def load(path: str | Path) -> Trace:
     """Read a chrome trace from ``.json`` or ``.json.gz`` (gzip is detected from the bytes)."""
     path = Path(path)
+    if not _is_gzip(path) and path.stat().st_size >= PARALLEL_BYTES:
+        halves = _load_halves(path)
+        if halves is not None:
+            return _trace(halves, str(path))
     return parse(_read(path), str(path))
+
+
+# A boundary between two events: "}," and then an object whose first key is "ph". Only a
+# cut after which both halves decode on their own is used.
+_BOUNDARY = re.compile(rb'\}\s*,\s*(\{)\s*"ph"\s*:')
+_WINDOW = 1 << 20
+_SHARE = 0.6  # of the file decoded here: the worker first starts Python and imports
+_WORKER = "import sys; from mpguide.trace import _work; _work(sys.argv[1:])"
+
+
+def _load_halves(path: Path) -> list[_Part] | None:
+    """Decode the first part of ``path`` here while a worker process decodes the rest into
+    a temporary file; None when no event boundary is found near the cut or a part does not
+    decode."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        bracketed = f.read(_WINDOW).lstrip()[:1] == b"["
+        f.seek(middle := int(size * _SHARE))
+        found = _BOUNDARY.search(f.read(_WINDOW))
+    if found is None or not sys.executable:
+        return None
+    cut, start = middle + found.start() + 1, middle + found.start(1)
+    head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
+    package = str(Path(__file__).resolve().parents[1])
+    path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
+    with tempfile.TemporaryDirectory(prefix="mpguide-") as folder:
+        out = Path(folder) / "rest.pickle"
+        worker = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list)},
+        )
+        first = None
+        try:
+            first = _piece(path, 0, cut, b"", head)
+        finally:
+            if first is None:
+                worker.kill()
+            status = worker.wait()
+        if first is None or status != 0:
+            return None
+        with out.open("rb") as f:
+            return [first, pickle.load(f)]
+
+
+def _piece(path: Path, start: int, stop: int | None, before: bytes, after: bytes) -> _Part | None:
+    """Columns of the events in bytes ``start:stop`` of ``path``, framed by ``before`` and
+    ``after`` into a document of their own; None if that is not a chrome trace."""
+    with path.open("rb") as f:
+        size = (os.fstat(f.fileno()).st_size if stop is None else stop) - start
+        buf = _buffer(len(before) + size + len(after))
+        buf[: len(before)] = before
+        f.seek(start)
+        if f.readinto(memoryview(buf)[len(before) : len(before) + size]) != size:
+            return None
+        buf[len(before) + size :] = after
+    try:
+        return _columns(_decode(buf, str(path)))
+    except MPGuideError:
+        return None
+
+
+def _buffer(size: int) -> bytearray | mmap.mmap:
+    """``size`` writable bytes: on POSIX an anonymous map, zeroed only as it is written."""
+    if size and hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return bytearray(size)
+
+
+def _work(argv: list[str]) -> None:
+    """The worker of :func:`_load_halves`: the columns of the events from byte ``start`` to
+    the end of file ``path``, framed by ``before``, pickled into file ``out``."""
+    path, start, before, out = argv
+    with paused_gc():
+        part = _piece(Path(path), int(start), None, before.encode(), b"")
+    if part is None:
+        raise SystemExit(1)
+    with open(out, "wb") as f:
+        pickle.dump(part, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 @dataclass(frozen=True)
@@ -161,7 +388,7 @@ class Anomalies:
         return "anomalies: " + ", ".join(parts)
 
 
-def _args(raw: msgspec.Raw) -> dict[str, Any]:
+def _args(raw: bytes) -> dict[str, Any]:
     value = msgspec.json.decode(raw)
     return value if isinstance(value, dict) else {}
 
@@ -175,25 +402,25 @@ class Node:
 
     @property
     def event(self) -> Event:
-        return self.tree.trace.events[self.id]
+        return self.tree.trace.event(self.id)
 
     @property
     def name(self) -> str:
-        return self.event.name
+        return self.tree.trace.name.value(self.id)
 
     @property
     def cat(self) -> str:
-        return self.event.cat
+        return self.tree.trace.cat.value(self.id)
 
     @property
     def start(self) -> float:
         """Start in microseconds, as in the file."""
-        return self.event.ts
+        return float(self.tree.trace.ts[self.id])
 
     @property
     def dur(self) -> float:
         """Duration in microseconds."""
-        return self.event.dur
+        return float(self.tree.trace.dur[self.id])
 
     @property
     def self_time(self) -> float:
@@ -212,7 +439,7 @@ class Node:
 
     @cached_property
     def args(self) -> dict[str, Any]:
-        return _args(self.event.args)
+        return _args(self.tree.trace.args.raw(self.id))
 
     def field(self, name: str) -> Any:
         """An ``args`` entry (``Input Dims``, ``Input type``, ...) or ``None``."""
@@ -285,8 +512,6 @@ class Tree:
         order: np.ndarray,
         anomalies: Anomalies,
         gpu_work: np.ndarray,
-        dur_us: np.ndarray,
-        category: tuple[np.ndarray, list[str]],
     ):
         self.trace = trace
         self.included = included
@@ -295,8 +520,7 @@ class Tree:
         self.order = order
         self.anomalies = anomalies
         self.gpu_work = gpu_work & included
-        self.dur_us = dur_us
-        self.category = category
+        self.dur_us = trace.dur
 
     def __len__(self) -> int:
         return int(self.included.sum())
@@ -322,28 +546,18 @@ class Tree:
     def roots(self) -> dict[tuple[int | str, int | str], list[Node]]:
         """Each (pid, tid)'s root nodes in time order."""
         out: dict[tuple[int | str, int | str], list[Node]] = {}
-        events = self.trace.events
+        pid, tid = self.trace.pid, self.trace.tid
         for i in self.order[self.parent[self.order] < 0].tolist():
-            out.setdefault((events[i].pid, events[i].tid), []).append(Node(self, i))
+            out.setdefault((pid.value(i), tid.value(i)), []).append(Node(self, i))
         return out
-
-    @cached_property
-    def names(self) -> list[str]:
-        """Each event's name, by id."""
-        return list(map(attrgetter("name"), self.trace.events))
-
-    @cached_property
-    def name_codes(self) -> tuple[np.ndarray, list[str]]:
-        """Each event's index among the distinct names, and the distinct names."""
-        return codes(map(attrgetter("name"), self.trace.events), len(self.trace.events))
 
     def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
-        return _matching(self.name_codes, predicate)
+        return _matching(self.trace.name, predicate)
 
     def in_category(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose category satisfies ``predicate`` (asked once per category)."""
-        return _matching(self.category, predicate)
+        return _matching(self.trace.cat, predicate)
 
     @cached_property
     def parents(self) -> list[int]:
@@ -381,11 +595,10 @@ class Tree:
         ``predicate`` holds (each criterion only when given)."""
         if id is not None:
             return [self.node(id)]
-        events = self.trace.events
-        ids = self.order.tolist()
+        ids = self.order
         if name is not None:
-            ids = [i for i in ids if events[i].name == name]
-        nodes = [Node(self, i) for i in ids]
+            ids = ids[self.named(name.__eq__)[ids]]
+        nodes = [Node(self, i) for i in ids.tolist()]
         return [n for n in nodes if predicate(n)] if predicate else nodes
 
     def render(
@@ -476,7 +689,7 @@ def _matching(coded: tuple[np.ndarray, list], predicate: Callable[[Any], bool]) 
 
 
 def _link_gpu(
-    events: Sequence[Event],
+    args: Args,
     candidates: np.ndarray,
     is_gpu: np.ndarray,
     start: np.ndarray,
@@ -484,8 +697,7 @@ def _link_gpu(
 ) -> tuple[np.ndarray, int]:
     """Parent every GPU event to its launch; return the mask of linked events and the number
     of GPU events whose correlation id several launches share."""
-    args = [events[i].args for i in candidates.tolist()]
-    links = _LINKS.decode(b"[" + b",".join(args) + b"]")
+    links = _LINKS.decode(b"[" + b",".join(args.raws(candidates)) + b"]")
     correlations = list(map(attrgetter("correlation"), links))
     correlated = np.fromiter(map(is_not, correlations, repeat(None)), bool, len(links))
     ids = candidates[correlated]
@@ -496,7 +708,7 @@ def _link_gpu(
     launch_corr = corr[~on_gpu][by_corr]
     first = np.searchsorted(launch_corr, corr[on_gpu], side="left")
     count = np.searchsorted(launch_corr, corr[on_gpu], side="right") - first
-    linked = np.zeros(len(events), dtype=bool)
+    linked = np.zeros(len(is_gpu), dtype=bool)
     linked[gpu[count > 0]] = True
     parent[gpu[count == 1]] = launches[by_corr[first[count == 1]]]
     for i, lo, n in zip(gpu[count > 1].tolist(), first[count > 1], count[count > 1], strict=True):
@@ -590,27 +802,23 @@ def _time_order(
 
 def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
     """Nest a trace's complete events into per-thread call trees (see the module docs)."""
-    events = trace.events
-    n = len(events)
-    cat, cats = codes(map(attrgetter("cat"), events), n)
+    n = len(trace)
+    cat, cats = trace.cat
     left_out = {PYTHON} if not python else set()
     left_out |= {ANNOTATION} if not annotations else set()
     included = ~np.isin(cat, [k for k, c in enumerate(cats) if c in left_out])
     is_gpu = np.isin(cat, [k for k, c in enumerate(cats) if c in GPU_CATEGORIES])
     runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in _RUNTIME_CATEGORIES])
     rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int64)[cat]
-    ts = np.fromiter(map(attrgetter("ts"), events), float, n)
-    dur = np.fromiter(map(attrgetter("dur"), events), float, n)
+    ts, dur = trace.ts, trace.dur
     if n and (not np.isfinite(ts).all() or not np.isfinite(dur).all() or (dur < 0).any()):
         raise MPGuideError(f"{trace.source or 'trace'}: an event has a non-finite or negative time")
     start, end = _nanoseconds(ts, dur)
     parent = np.full(n, -1, dtype=np.int64)
     linked, shared = _link_gpu(
-        events, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
+        trace.args, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
     )
-    pid, _ = codes(map(attrgetter("pid"), events), n)
-    tid, tids = codes(map(attrgetter("tid"), events), n)
-    thread = pid * len(tids) + tid
+    thread = trace.pid.codes * len(trace.tid.values) + trace.tid.codes
 
     nested = np.flatnonzero(included & ~linked)
     nested = _time_order(nested, start, end, rank, thread)
@@ -633,7 +841,7 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
         unlinked_gpu=int((is_gpu & included & ~linked).sum()),
         left_out=int(n - included.sum()),
     )
-    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, dur, (cat, cats))
+    return Tree(trace, included, parent, depth, order, anomalies, is_gpu)
 
 
 def casts(tree: Tree):

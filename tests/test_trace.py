@@ -1,7 +1,10 @@
 import gzip
 import json
+from operator import attrgetter
 from pathlib import Path
 
+import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -250,6 +253,63 @@ def test_bad_files_name_the_problem(tmp_path, content, message):
     with pytest.raises(MPGuideError, match=message) as err:
         trace.load(path)
     assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+def same_trace(a, b):
+    """Two traces hold the same events, fields, args and other events."""
+    assert len(a) == len(b) and a.other == b.other
+    for column in ("name", "cat", "pid", "tid", "ts", "dur"):
+        assert list(map(attrgetter(column), a.events)) == list(map(attrgetter(column), b.events))
+    ids = np.arange(len(a))
+    assert a.args.raws(ids) == b.args.raws(ids)
+
+
+def write_generated(path, ops, layout, **options):
+    events = [tracegen._json(e) for e in tracegen.generate(ops, **options)]
+    doc = events if layout == "list" else {"schemaVersion": 1, "traceEvents": events, "x": [1]}
+    path.write_text(json.dumps(doc, indent=2 if layout == "indented" else None))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["object", "indented", "list"])
+def test_large_files_decode_in_two_processes_as_in_one(tmp_path, monkeypatch, layout):
+    path = write_generated(tmp_path / "t.json", 300, layout, python=True, gpu=True, threads=2)
+    serial = trace.parse(path.read_bytes(), str(path))
+    monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
+    halves = trace._load_halves(path)
+    assert halves is not None and all(len(h.ts) for h in halves)
+    same_trace(trace.load(path), serial)
+
+
+def test_a_real_export_splits_at_an_event(tmp_path, monkeypatch):
+    path = tmp_path / "train_step.json"
+    path.write_bytes(gzip.decompress((DATA / "train_step.json.gz").read_bytes()))
+    monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
+    assert trace._load_halves(path) is not None
+    same_trace(trace.load(path), trace.load(DATA / "train_step.json.gz"))
+
+
+def test_files_that_do_not_split_decode_in_one_piece(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
+    events = [op(f"op{i}", BASE + i, 0.5) for i in range(2000)]
+    unsplit = tmp_path / "name_first.json"
+    unsplit.write_text(json.dumps({"traceEvents": [{"name": e.pop("name"), **e} for e in events]}))
+    assert trace._load_halves(unsplit) is None
+    assert len(trace.load(unsplit)) == 2000
+    broken = write_generated(tmp_path / "broken.json", 300, "object")
+    broken.write_bytes(broken.read_bytes()[:-3])
+    assert trace._load_halves(broken) is None
+    with pytest.raises(MPGuideError, match="not valid JSON"):
+        trace.load(broken)
+
+
+def test_events_are_a_sequence():
+    tr = trace.parse(json.dumps([op("a", BASE, 1.0), op("b", BASE + 2, 1.0, tid=2)]).encode())
+    assert len(tr.events) == 2 and tr.events[-1].name == "b" and tr.events[-1].tid == 2
+    assert [e.name for e in tr.events[::-1]] == ["b", "a"]
+    assert msgspec.json.decode(tr.events[0].args) == {}
+    with pytest.raises(IndexError):
+        tr.events[2]
 
 
 def test_missing_file(tmp_path):
