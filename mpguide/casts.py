@@ -227,24 +227,6 @@ COLUMNS = (
 )
 
 
-def _cell(cast: Cast) -> tuple:
-    return (
-        cast.id,
-        cast.op,
-        cast.cause,
-        cast.pass_,
-        cast.source,
-        cast.target,
-        cast.direction,
-        "x".join(map(str, cast.shape)) if cast.shape is not None else None,
-        cast.bytes_read,
-        cast.bytes_written,
-        round(cast.cpu_us, 3),
-        round(cast.gpu_us, 3),
-        None if cast.share is None else round(cast.share, 4),
-    )
-
-
 @dataclass(frozen=True, eq=False)
 class CastReport:
     """Every cast found in a tree, as one array per column, with the time of the profiled
@@ -325,14 +307,32 @@ class CastReport:
 
     def table(self) -> Table:
         """One row per cast (GPU time only when the trace has GPU events)."""
-        n = len(self)
-        return self._fit(
-            Table(
-                COLUMNS,
-                tuple(map(_cell, self.casts)),
-                caption=f"{n} cast{'' if n == 1 else 's'} in {self.source or 'the trace'}",
-            )
-        )
+        n, names, pairs = len(self), self.names, self.pairs
+        pair = self.pair.tolist()
+        direction = [_direction(*p) for p in pairs]
+        shape = ["x".join(map(str, s)) if s is not None else None for s in self.shapes]
+        cpu = self.cpu_us.tolist()
+        read, written = (list(map(_count, b.tolist())) for b in self._bytes())
+        cells = {
+            "id": self.ids.tolist(),
+            "op": [names[k] for k in self.op.tolist()],
+            "cause": [names[k] for k in self.cause.tolist()],
+            "pass": [("forward", "backward")[b] for b in self.backward.tolist()],
+            "source": [pairs[k][0] for k in pair],
+            "target": [pairs[k][1] for k in pair],
+            "direction": [direction[k] for k in pair],
+            "shape": [shape[k] for k in self.shape.tolist()],
+            "bytes read": read,
+            "bytes written": written,
+            "cpu us": [round(c, 3) for c in cpu],
+            "gpu us": [round(g, 3) for g in self.gpu_us.tolist()],
+            "share of step": [round(c / self.step_us, 4) for c in cpu]
+            if self.step_us
+            else [None] * n,
+        }
+        columns = tuple(c for c in COLUMNS if self.gpu or "gpu" not in c)
+        caption = f"{n} cast{'' if n == 1 else 's'} in {self.source or 'the trace'}"
+        return Table(columns, tuple(zip(*(cells[c] for c in columns), strict=True)), caption)
 
     def _groups(self, by: str) -> tuple[np.ndarray, list[tuple]]:
         """Each cast's group under ``by``, and each group's key cells."""

@@ -37,6 +37,18 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def _cells(values: Sequence[Any]) -> list[str]:
+    """:func:`cell` of each value of a column; a column of one plain type at C speed."""
+    kinds = set(map(type, values))
+    if kinds == {str}:
+        return list(values)
+    if kinds == {int}:
+        return list(map(str, values))
+    if kinds == {float}:
+        return list(map("{:.4g}".format, values))
+    return list(map(cell, values))
+
+
 def _plain(value: Any) -> Any:
     if _is_dtype(value):
         return cell(value)
@@ -75,17 +87,14 @@ class Table:
         return Table(self.columns, rows, self.caption, self.notes)
 
     def to_text(self) -> str:
-        body = [[cell(v) for v in row] for row in self.rows]
-        widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(self.columns)]
-        line = "  ".join("-" * w for w in widths)
+        cells = [_cells(column) for column in zip(*self.rows, strict=True)] or [
+            [] for _ in self.columns
+        ]
+        widths = [max([len(c), *map(len, col)]) for c, col in zip(self.columns, cells, strict=True)]
+        row = "  ".join(f"{{:<{w}}}" for w in widths).format
         out = [self.caption] if self.caption else []
-        out += [
-            "  ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True)).rstrip(),
-            line,
-        ]
-        out += [
-            "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body
-        ]
+        out += [row(*self.columns).rstrip(), "  ".join("-" * w for w in widths)]
+        out += [line.rstrip() for line in map(row, *cells)]
         out += list(self.notes)
         return "\n".join(out)
 
