@@ -116,21 +116,8 @@ class Args:
         return self.raws(np.array([i]))[0]
 
 
-class _Part(NamedTuple):
-    """The complete events of one piece of a trace as columns, and its other events counted."""
-
-    name: Coded
-    cat: Coded
-    pid: Coded
-    tid: Coded
-    ts: np.ndarray
-    dur: np.ndarray
-    args: bytes
-    ends: np.ndarray
-    other: Counter
-
-
-def _columns(events: list[Event]) -> _Part:
+def _columns(events: list[Event], source: str) -> Trace:
+    """The complete events as columns, the others counted by phase."""
     is_complete = [e.ph == "X" for e in events]
     other = Counter(map(attrgetter("ph"), compress(events, map(not_, is_complete))))
     complete = list(compress(events, is_complete))
@@ -139,7 +126,8 @@ def _columns(events: list[Event]) -> _Part:
     ts, dur = (np.fromiter(map(attrgetter(f), complete), float, n) for f in ("ts", "dur"))
     raws = list(map(attrgetter("args"), complete))
     ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
-    return _Part(*coded, ts, dur, b"".join(raws), ends, other)
+    args = Args((b"".join(raws),), np.zeros(1, np.int64), ends)
+    return Trace(*coded, ts, dur, args, dict(other), source)
 
 
 def _merged(columns: list[Coded]) -> Coded:
@@ -152,18 +140,19 @@ def _merged(columns: list[Coded]) -> Coded:
     return Coded(np.concatenate(parts), list(index))
 
 
-def _trace(parts: list[_Part], source: str) -> Trace:
-    offsets = np.cumsum([0, *(len(p.args) for p in parts)])
+def _joined(parts: list[Trace], source: str) -> Trace:
+    """One trace of the events of ``parts``, in order."""
+    base = np.cumsum([0, *(sum(map(len, p.args.blobs)) for p in parts)])[:-1].tolist()
     return Trace(
         *(_merged([getattr(p, f) for p in parts]) for f in ("name", "cat", "pid", "tid")),
         ts=np.concatenate([p.ts for p in parts]),
         dur=np.concatenate([p.dur for p in parts]),
         args=Args(
-            tuple(p.args for p in parts),
-            offsets[:-1],
-            np.concatenate([p.ends + o for p, o in zip(parts, offsets.tolist(), strict=False)]),
+            sum((p.args.blobs for p in parts), ()),
+            np.concatenate([p.args.offsets + b for p, b in zip(parts, base, strict=True)]),
+            np.concatenate([p.args.ends + b for p, b in zip(parts, base, strict=True)]),
         ),
-        other=dict(sum((p.other for p in parts), Counter())),
+        other=dict(sum((Counter(p.other) for p in parts), Counter())),
         source=source,
     )
 
@@ -275,7 +264,7 @@ def _decode(data: bytes | bytearray | mmap.mmap, where: str) -> list[Event]:
 @paused_gc()
 def parse(data: bytes, source: str = "") -> Trace:
     """A trace from the bytes of a chrome-trace JSON document."""
-    return _trace([_columns(_decode(data, source or "trace"))], source)
+    return _columns(_decode(data, source or "trace"), source)
 
 
 @paused_gc()
@@ -285,7 +274,7 @@ def load(path: str | Path) -> Trace:
     if not _is_gzip(path) and path.stat().st_size >= PARALLEL_BYTES:
         halves = _load_halves(path)
         if halves is not None:
-            return _trace(halves, str(path))
+            return _joined(halves, str(path))
     return parse(_read(path), str(path))
 
 
@@ -297,7 +286,7 @@ _SHARE = 0.6  # of the file decoded here: the worker first starts Python and imp
 _WORKER = "import sys; from mpguide.trace import _work; _work(sys.argv[1:])"
 
 
-def _load_halves(path: Path) -> list[_Part] | None:
+def _load_halves(path: Path) -> list[Trace] | None:
     """Decode the first part of ``path`` here while a worker process decodes the rest into
     a temporary file; None when no event boundary is found near the cut or a part does not
     decode."""
@@ -333,7 +322,7 @@ def _load_halves(path: Path) -> list[_Part] | None:
             return [first, pickle.load(f)]
 
 
-def _piece(path: Path, start: int, stop: int | None, before: bytes, after: bytes) -> _Part | None:
+def _piece(path: Path, start: int, stop: int | None, before: bytes, after: bytes) -> Trace | None:
     """Columns of the events in bytes ``start:stop`` of ``path``, framed by ``before`` and
     ``after`` into a document of their own; None if that is not a chrome trace."""
     with path.open("rb") as f:
@@ -345,7 +334,7 @@ def _piece(path: Path, start: int, stop: int | None, before: bytes, after: bytes
             return None
         buf[len(before) + size :] = after
     try:
-        return _columns(_decode(buf, str(path)))
+        return _columns(_decode(buf, str(path)), str(path))
     except MPGuideError:
         return None
 
