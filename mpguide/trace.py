@@ -299,6 +299,15 @@ def _load_halves(path: Path) -> list[Trace] | None:
         return None
     cut, start = middle + found.start() + 1, middle + found.start(1)
     head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
+    try:
+        return _with_worker(path, cut, start, head, tail)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None  # no temporary folder, no worker or an unreadable result: one piece
+
+
+def _with_worker(path: Path, cut: int, start: int, head: bytes, tail: bytes) -> list[Trace] | None:
+    """Bytes ``:cut`` of ``path`` closed by ``head`` decoded here, and bytes ``start:``
+    opened by ``tail`` in a worker; None if either does not decode."""
     package = str(Path(__file__).resolve().parents[1])
     path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
     with tempfile.TemporaryDirectory(prefix="mpguide-") as folder:
