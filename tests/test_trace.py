@@ -303,6 +303,14 @@ def test_files_that_do_not_split_decode_in_one_piece(tmp_path, monkeypatch):
         trace.load(broken)
 
 
+def test_a_load_without_a_worker_decodes_in_one_piece(tmp_path, monkeypatch):
+    path = write_generated(tmp_path / "t.json", 100, "object")
+    monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(trace.sys, "executable", str(tmp_path / "no-python"))
+    assert trace._load_halves(path) is None
+    same_trace(trace.load(path), trace.parse(path.read_bytes(), str(path)))
+
+
 def test_events_are_a_sequence():
     tr = trace.parse(json.dumps([op("a", BASE, 1.0), op("b", BASE + 2, 1.0, tid=2)]).encode())
     assert len(tr.events) == 2 and tr.events[-1].name == "b" and tr.events[-1].tid == 2
