@@ -100,7 +100,6 @@ ITEMSIZE = {
 }
 UNKNOWN = "?"
 DOWN, UP, SIDEWAYS = "down-cast", "up-cast", "same width"
-_ATTRIBUTES = {"pass": "pass_"}
 SUMMARY_KEYS = {
     "cause": ("cause",),
     "pair": ("source", "target"),
