@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import platform
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +29,10 @@ _DTYPES = {
     "half": torch.float16,
 }
 _DEVICE_TYPES = ("cpu", "cuda")
+
+LIVE = "ran on hardware"
+SIMULATED = "dispatch rules of this build, no kernels ran"
+NEEDS_HARDWARE = "needs hardware"
 
 
 def pick() -> torch.device:
@@ -68,6 +77,9 @@ def dtype(name: str | torch.dtype) -> torch.dtype:
             f"{', '.join(sorted(set(_DTYPES) - {'float', 'double', 'half'}))}"
         )
     return _DTYPES[key]
+
+
+_as_dtype = dtype
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -132,3 +144,173 @@ def describe(dev: torch.device | str | None = None) -> Machine:
         torch=torch.__version__,
         detail=f"{detail}, Python {platform.python_version()}",
     )
+
+
+# -- simulated devices -----------------------------------------------------------------------
+
+_AUTOCAST_KERNEL = re.compile(r"^Autocast(\w+): registered at .*\[kernel\]$", re.M)
+
+
+@functools.cache
+def autocast_kernels() -> dict[str, int]:
+    """How many ATen ops have an autocast kernel for each device type, read from this build's
+    dispatcher (``{"cpu": 127, "cuda": 119, ...}``); fallthroughs are not counted."""
+    counts: dict[str, int] = {}
+    for op in torch._C._dispatch_get_all_op_names():
+        for key in _AUTOCAST_KERNEL.findall(torch._C._dispatch_dump_table(op)):
+            counts[key.lower()] = counts.get(key.lower(), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (kv[0] != "cpu", kv[0] != "cuda", kv[0])))
+
+
+def _carries_autocast(dev_type: str) -> bool:
+    """Whether a fake tensor on ``dev_type`` carries that device's autocast dispatch key."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode():
+            keys = str(torch._C._dispatch_keys(torch.empty(1, device=dev_type)))
+    except (RuntimeError, AttributeError):
+        return False
+    return f"autocast{dev_type}" in keys.lower()
+
+
+@functools.cache
+def simulated_types() -> tuple[str, ...]:
+    """The device types whose autocast this build can run on fake tensors: those with autocast
+    kernels whose tensors carry the autocast dispatch key (cpu first, then cuda)."""
+    return tuple(t for t in autocast_kernels() if _carries_autocast(t))
+
+
+def present(dev_type: str) -> bool:
+    """Whether this machine has a device of ``dev_type`` that torch can run kernels on."""
+    if dev_type == "cpu":
+        return True
+    module = getattr(torch, dev_type, None)
+    if dev_type == "mps":
+        module = torch.backends.mps
+    available = getattr(module, "is_available", None)
+    try:
+        return bool(available()) if callable(available) else False
+    except RuntimeError:
+        return False
+
+
+@dataclass(frozen=True)
+class Target:
+    """A device to probe: real hardware when present, else simulated from dispatch rules."""
+
+    device: torch.device
+    simulated: bool
+
+    @property
+    def how(self) -> str:
+        """How results on this target are obtained: :data:`LIVE` or :data:`SIMULATED`."""
+        return SIMULATED if self.simulated else LIVE
+
+    @property
+    def label(self) -> str:
+        """``cuda (simulated)`` or ``cpu (ran on hardware)``."""
+        return f"{self.device.type} ({'simulated' if self.simulated else LIVE})"
+
+    def describe(self) -> Machine:
+        """The machine the results come from: the device itself, or this build simulating it."""
+        if not self.simulated:
+            return describe(self.device)
+        return Machine(
+            device=self.device.type,
+            name="simulated",
+            torch=torch.__version__,
+            detail=f"{SIMULATED}: fake {self.device.type} tensors under its autocast, "
+            f"on {_cpu_name()}, Python {platform.python_version()}",
+        )
+
+
+def target(name: str | torch.device | None = None, simulate: bool = False) -> Target:
+    """The device ``name`` as a :class:`Target`: live when this machine has it (and ``simulate``
+    is false), simulated when this build can simulate its autocast, else ``MPGuideError``."""
+    if name is None:
+        return Target(pick(), simulated=False)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        dev = None
+    known = simulated_types()
+    if dev is None or dev.type not in known:
+        raise MPGuideError(
+            f"unknown device {str(name)!r}; this build's autocast knows {', '.join(known)}"
+        )
+    if not simulate and present(dev.type):
+        return Target(resolve(str(dev)) if dev.type in _DEVICE_TYPES else dev, simulated=False)
+    return Target(torch.device(dev.type), simulated=True)
+
+
+def targets(simulate: bool = False) -> tuple[Target, ...]:
+    """Every device type this build can simulate, each live where present."""
+    return tuple(target(t, simulate) for t in simulated_types())
+
+
+@contextmanager
+def autocast(dev: Target, dtype: torch.dtype | None) -> Iterator[None]:
+    """Autocast for ``dev``'s type with ``dtype`` (off when ``None``). On a live device this is
+    :func:`torch.autocast`; on a simulated one, which :func:`torch.autocast` would switch off,
+    the same thread-local switches are set directly and restored afterwards, and its cast cache
+    is off so no fake tensor outlives the call."""
+    kind = dev.device.type
+    if not dev.simulated:
+        try:
+            with torch.autocast(kind, dtype=dtype, enabled=dtype is not None):
+                yield
+        finally:
+            torch.clear_autocast_cache()
+        return
+    saved = (
+        torch.is_autocast_enabled(kind),
+        torch.get_autocast_dtype(kind),
+        torch.is_autocast_cache_enabled(),
+    )
+    try:
+        torch.set_autocast_enabled(kind, dtype is not None)
+        if dtype is not None:
+            torch.set_autocast_dtype(kind, dtype)
+        torch.set_autocast_cache_enabled(False)
+        yield
+    finally:
+        torch.set_autocast_enabled(kind, saved[0])
+        torch.set_autocast_dtype(kind, saved[1])
+        torch.set_autocast_cache_enabled(saved[2])
+        torch.clear_autocast_cache()
+
+
+@contextmanager
+def tensors(dev: Target) -> Iterator[None]:
+    """Where ``dev`` is simulated, make every tensor created inside fake (shapes, dtypes and
+    devices only; ops run their meta kernels); a live device changes nothing."""
+    if not dev.simulated:
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # A meta kernel that raises is logged at ERROR with its traceback; the caller reports it.
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            yield
+    finally:
+        logger.disabled = disabled
+
+
+@contextmanager
+def simulate(dev_type: str, dtype: torch.dtype | str | None = None) -> Iterator[torch.device]:
+    """Run the block on a simulated ``dev_type``: tensors made inside are fake, autocast for
+    that device is on with ``dtype`` (off when ``None``), and every switch is restored after.
+    Yields the device to make tensors on::
+
+        with device.simulate("cuda", torch.bfloat16) as dev:
+            x = torch.randn(4, 16, device=dev)
+            torch.softmax(x, -1).dtype  # torch.float32: CUDA autocast runs softmax in float32
+    """
+    t = target(dev_type, simulate=True)
+    with tensors(t), autocast(t, None if dtype is None else _as_dtype(dtype)):
+        yield t.device

@@ -9,14 +9,22 @@ The class comes from what happened, not from a list:
 - ``float32``: low-precision inputs come out in float32;
 - ``promote``: mixed inputs are cast to the widest dtype before the op;
 - ``unchanged``: autocast casts nothing, the op keeps the dtypes it was given;
-- ``unsupported``: the op raises under autocast on uniform inputs (the error is kept).
+- ``unsupported``: the op raises under autocast on uniform inputs (the error is kept);
+- ``needs hardware``: on a simulated device, what only a real kernel can tell: the op raised
+  in its meta kernel, or its meta kernel accepts a dtype the real kernel rejects (seen on the
+  CPU, where both can run).
 
 The casts counted are those autocast added: casts the same call also makes outside autocast
 (inside an op's own decomposition) are not autocast's.
+
+Any device type this build has autocast kernels for can be probed: live where the machine has
+it, otherwise simulated with fake tensors under that device's autocast (see
+:func:`mpguide.device.target`). Every result says which.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -26,30 +34,30 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import MPGuideError, error_line
+from mpguide import MPGuideError, dtypes, error_line
 from mpguide import device as _device
 from mpguide.table import Table
 
-LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED = (
+LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED, NEEDS_HARDWARE = (
     "lower precision",
     "float32",
     "promote",
     "unchanged",
     "unsupported",
+    _device.NEEDS_HARDWARE,
 )
-CLASSES = (LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED)
-_CASTS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device"}
+CLASSES = (LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED, NEEDS_HARDWARE)
 
 
 class Inputs:
-    """Makes seeded float32 inputs on one device for the catalogue's ops."""
+    """Makes seeded float32 inputs on one device for the catalogue's ops (on a simulated
+    device, fake tensors: no values, no generator)."""
 
-    def __init__(self, dev: torch.device, seed: int = 0):
+    def __init__(self, dev: torch.device, seed: int = 0, fake: bool = False):
         self.dev = dev
-        self.gen = torch.Generator(device=dev).manual_seed(seed)
+        self.gen = None if fake else torch.Generator(device=dev).manual_seed(seed)
 
     def __call__(self, *shape: int) -> torch.Tensor:
         """Standard normal values."""
@@ -305,30 +313,17 @@ def _ops() -> tuple[Op, ...]:
 CATALOGUE: tuple[Op, ...] = _ops()
 
 
-class _CastRecorder(TorchDispatchMode):
-    """Records the floating-point dtype conversions that reach the dispatcher."""
-
-    def __init__(self):
-        super().__init__()
-        self.casts: list[tuple[torch.dtype, torch.dtype]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if str(func) in _CASTS and isinstance(out, torch.Tensor):
-            src = args[0].dtype
-            if src != out.dtype and src.is_floating_point and out.dtype.is_floating_point:
-                self.casts.append((src, out.dtype))
-        return out
-
-
 @dataclass(frozen=True)
 class Run:
-    """What one call gave: the output dtype, the casts autocast inserted, or the error."""
+    """What one call gave: the output dtype, the casts autocast inserted, or the error, and
+    every op that reached the dispatcher under autocast."""
 
     out: torch.dtype | None
     casts: tuple[tuple[torch.dtype, torch.dtype], ...]
     error: str | None = None
     warning: str | None = None
+    calls: tuple[dtypes.Call, ...] = field(default=(), repr=False, compare=False)
+    error_outside: str | None = None
 
 
 def _first_float(value: Any) -> torch.dtype | None:
@@ -338,40 +333,41 @@ def _first_float(value: Any) -> torch.dtype | None:
     return None
 
 
-def _call(op: Op, args: tuple, dev: torch.device, dtype: torch.dtype | None) -> Run:
-    recorder = _CastRecorder()
+def _call(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype | None) -> Run:
+    log = dtypes.Log()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None), recorder:
+            with _device.autocast(dev, dtype), log:
                 out = op.call(*args)
         except Exception as err:  # noqa: BLE001 - an op that raises is a finding, not a failure
-            return Run(None, tuple(recorder.casts), error_line(err))
-        finally:
-            torch.clear_autocast_cache()
+            return Run(None, tuple(log.conversions()), error_line(err), calls=tuple(log.calls))
     warning = f"{caught[0].category.__name__}: {caught[0].message}" if caught else None
-    return Run(_first_float(out), tuple(recorder.casts), warning=warning)
+    return Run(_first_float(out), tuple(log.conversions()), None, warning, tuple(log.calls))
 
 
-def run(op: Op, args: tuple, dev: torch.device, dtype: torch.dtype) -> Run:
+def run(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype) -> Run:
     """Call ``op`` on ``args`` under autocast for ``dev`` and ``dtype``.
 
     The casts kept are those autocast inserted: the ones the same call makes outside autocast
     (an op's own decomposition may cast) are taken away.
     """
     inside = _call(op, args, dev, dtype)
-    own = Counter(_call(op, args, dev, None).casts)
+    outside = _call(op, args, dev, None)
+    own = Counter(outside.casts)
     added = []
     for c in inside.casts:
         if own[c]:
             own[c] -= 1
         else:
             added.append(c)
-    return Run(inside.out, tuple(added), inside.error, inside.warning)
+    return Run(
+        inside.out, tuple(added), inside.error, inside.warning, inside.calls, outside.error
+    )
 
 
-def _cast_floats(args: tuple, dtypes: Sequence[torch.dtype]) -> tuple:
-    it = iter(dtypes)
+def _cast_floats(args: tuple, kinds: Sequence[torch.dtype]) -> tuple:
+    it = iter(kinds)
 
     def cast(x):
         if isinstance(x, torch.Tensor) and x.is_floating_point():
@@ -395,6 +391,7 @@ class Probe:
     fp32_in: Run
     low_in: Run
     mixed_in: Run | None
+    reason: str = ""
 
     @property
     def error(self) -> str | None:
@@ -404,9 +401,9 @@ class Probe:
 
     @property
     def note(self) -> str:
-        """The first error, else the first warning, of the three runs."""
+        """Why the op needs hardware, else the first error, else the first warning."""
         runs = [r for r in (self.fp32_in, self.low_in, self.mixed_in) if r is not None]
-        return self.error or next((r.warning for r in runs if r.warning), "")
+        return self.reason or self.error or next((r.warning for r in runs if r.warning), "")
 
     @property
     def casts(self) -> tuple[str, ...]:
@@ -439,20 +436,49 @@ def classify(fp32_in: Run, low_in: Run, mixed_in: Run | None, dtype: torch.dtype
     return UNCHANGED
 
 
-def probe_op(op: Op, dev: torch.device, dtype: torch.dtype, seed: int = 0) -> Probe:
-    """Run one op the three ways and classify it."""
-    args = op.inputs(Inputs(dev, seed))
-    n = _n_floats(args)
-    fp32_in = run(op, _cast_floats(args, [torch.float32] * n), dev, dtype)
-    low_in = run(op, _cast_floats(args, [dtype] * n), dev, dtype)
-    mixed_in = (
-        run(op, _cast_floats(args, [dtype] + [torch.float32] * (n - 1)), dev, dtype)
-        if n >= 2
-        else None
-    )
-    return Probe(
-        op.name, op.family, classify(fp32_in, low_in, mixed_in, dtype), fp32_in, low_in, mixed_in
-    )
+def probe_op(
+    op: Op, dev: _device.Target, dtype: torch.dtype, seed: int = 0, gap: str = ""
+) -> Probe:
+    """Run one op the three ways and classify it. On a simulated device an op that raises with
+    autocast off as well (its meta kernel refuses), or whose meta kernel is known to accept
+    what a real kernel rejects (``gap`` says how), is classed :data:`NEEDS_HARDWARE`; one
+    that raises only under autocast is refused by autocast itself, a rule of this build."""
+    with _device.tensors(dev):
+        args = op.inputs(Inputs(dev.device, seed, fake=dev.simulated))
+        n = _n_floats(args)
+        fp32_in = run(op, _cast_floats(args, [torch.float32] * n), dev, dtype)
+        low_in = run(op, _cast_floats(args, [dtype] * n), dev, dtype)
+        mixed_in = (
+            run(op, _cast_floats(args, [dtype] + [torch.float32] * (n - 1)), dev, dtype)
+            if n >= 2
+            else None
+        )
+    kind = classify(fp32_in, low_in, mixed_in, dtype)
+    reason = ""
+    failed = fp32_in if fp32_in.error else low_in
+    if dev.simulated and kind == UNSUPPORTED and failed.error_outside:
+        kind, reason = NEEDS_HARDWARE, f"the meta kernel raises: {failed.error_outside}"
+    elif dev.simulated and gap:
+        kind, reason = NEEDS_HARDWARE, gap
+    return Probe(op.name, op.family, kind, fp32_in, low_in, mixed_in, reason)
+
+
+@functools.cache
+def meta_gaps(dtype: torch.dtype, ops: tuple[Op, ...] = ()) -> dict[str, str]:
+    """The ops whose real CPU kernel raises on ``dtype`` inputs under CPU autocast while their
+    meta kernel runs: there, simulation cannot say whether another device's kernel accepts
+    ``dtype``. Maps op name to the reason, with the CPU's error."""
+    ops = ops or CATALOGUE
+    live, fake = _device.target("cpu"), _device.target("cpu", simulate=True)
+    gaps = {}
+    for op in ops:
+        real = probe_op(op, live, dtype)
+        if real.kind != UNSUPPORTED:
+            continue
+        sim = probe_op(op, fake, dtype)
+        if sim.kind != NEEDS_HARDWARE:
+            gaps[op.name] = f"the CPU kernel raises ({real.error}) where the meta kernel runs"
+    return gaps
 
 
 @dataclass(frozen=True)
@@ -463,6 +489,7 @@ class Policy:
     dtype: torch.dtype
     machine: _device.Machine
     probes: tuple[Probe, ...] = field(repr=False)
+    how: str = _device.LIVE
 
     def __getitem__(self, op: str) -> Probe:
         for p in self.probes:
@@ -487,13 +514,24 @@ class Policy:
     def caption(self) -> str:
         return (
             f"autocast({self.device!r}, dtype={_device.dtype_name(self.dtype)}): "
-            f"{len(self.probes)} ops, {self.machine.caption()}"
+            f"{len(self.probes)} ops, {self.machine.caption()}; {self.how}"
         )
 
     def table(self, kind: str | None = None) -> Table:
-        """The probes as a table grouped by class (or one class only)."""
+        """The probes as a table grouped by class (or one class only); the last column says
+        how the results were obtained."""
         low = _device.dtype_name(self.dtype)
-        columns = ("op", "family", "class", "float32 in", f"{low} in", "mixed in", "casts", "note")
+        columns = (
+            "op",
+            "family",
+            "class",
+            "float32 in",
+            f"{low} in",
+            "mixed in",
+            "casts",
+            "note",
+            "obtained",
+        )
         order = {k: i for i, k in enumerate(CLASSES)}
         rows = tuple(
             (
@@ -505,6 +543,7 @@ class Policy:
                 _out(p.mixed_in),
                 ", ".join(p.casts),
                 p.note,
+                self.how,
             )
             for p in sorted(self.probes, key=lambda p: order[p.kind])
             if kind is None or p.kind == kind
@@ -520,7 +559,7 @@ class Policy:
         for kind, n in self.counts().items():
             if n:
                 t = self.table(kind)
-                keep = [i for i, c in enumerate(t.columns) if c != "class"]
+                keep = [i for i, c in enumerate(t.columns) if c not in ("class", "obtained")]
                 rows = tuple(tuple(r[i] for i in keep) for r in t.rows)
                 parts.append(f"<p><em>{escape(kind)}</em>: {n} ops</p>")
                 parts.append(Table(tuple(t.columns[i] for i in keep), rows).to_html())
@@ -533,19 +572,30 @@ def _out(r: Run | None) -> str:
     return "error" if r.error else _device.dtype_name(r.out) if r.out else "-"
 
 
-def probe(
-    dev: torch.device | str | None = None,
-    dtype: torch.dtype | str = torch.bfloat16,
-    ops: Sequence[Op] = CATALOGUE,
-    seed: int = 0,
-) -> Policy:
-    """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.device.pick`)."""
-    dev = _device.pick() if dev is None else _device.resolve(str(dev))
+def _low(dtype: torch.dtype | str) -> torch.dtype:
     dtype = _device.dtype(dtype)
     if dtype not in (torch.bfloat16, torch.float16):
         raise MPGuideError(f"autocast takes bfloat16 or float16, not {_device.dtype_name(dtype)}")
-    probes = tuple(probe_op(op, dev, dtype, seed) for op in ops)
-    return Policy(dev.type, dtype, _device.describe(dev), probes)
+    return dtype
+
+
+def probe(
+    dev: _device.Target | torch.device | str | None = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    ops: Sequence[Op] = CATALOGUE,
+    seed: int = 0,
+    simulate: bool = False,
+) -> Policy:
+    """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.device.pick`).
+
+    A device type this machine lacks, or any with ``simulate=True``, is simulated from this
+    build's dispatch rules (see :func:`mpguide.device.target`); the result says so.
+    """
+    dtype = _low(dtype)
+    target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
+    gaps = meta_gaps(dtype, tuple(ops)) if target.simulated else {}
+    probes = tuple(probe_op(op, target, dtype, seed, gaps.get(op.name, "")) for op in ops)
+    return Policy(target.device.type, dtype, target.describe(), probes, target.how)
 
 
 def differences(a: Policy, b: Policy) -> Table:
@@ -561,3 +611,83 @@ def differences(a: Policy, b: Policy) -> Table:
         rows,
         f"ops whose class differs between {na} and {nb} on {a.device}",
     )
+
+
+@dataclass(frozen=True)
+class Devices:
+    """One dtype's policy on several devices, side by side."""
+
+    dtype: torch.dtype
+    policies: tuple[Policy, ...] = field(repr=False)
+
+    def __getitem__(self, device: str) -> Policy:
+        for p in self.policies:
+            if p.device == device:
+                return p
+        raise KeyError(device)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """``cpu (ran on hardware)``, ``cuda (simulated)``, ... in column order."""
+        return tuple(
+            f"{p.device} ({'simulated' if p.how == _device.SIMULATED else p.how})"
+            for p in self.policies
+        )
+
+    @property
+    def caption(self) -> str:
+        how = "; ".join(f"{p.device}: {p.how}" for p in self.policies)
+        return (
+            f"autocast classes per device, dtype={_device.dtype_name(self.dtype)}, "
+            f"torch {torch.__version__} ({how})"
+        )
+
+    def _rows(self, only_differing: bool) -> tuple[tuple[str, ...], ...]:
+        rows = []
+        for i, first in enumerate(self.policies[0].probes):
+            kinds = [p.probes[i].kind for p in self.policies]
+            if only_differing and len(set(kinds) - {NEEDS_HARDWARE}) < 2:
+                continue
+            rows.append((first.op, first.family, *kinds))
+        return tuple(rows)
+
+    def table(self) -> Table:
+        """Every op's class, one column per device."""
+        return Table(("op", "family", *self.labels), self._rows(False), self.caption)
+
+    def differences(self) -> Table:
+        """The ops whose class differs between two devices where both decided it (a
+        :data:`NEEDS_HARDWARE` cell is not a difference)."""
+        return Table(
+            ("op", "family", *self.labels),
+            self._rows(True),
+            f"ops whose class differs between devices; {self.caption}",
+        )
+
+    def differing(self, a: str, b: str) -> list[str]:
+        """The ops whose class differs between devices ``a`` and ``b``, both decided."""
+        pa, pb = self[a], self[b]
+        return [
+            x.op
+            for x, y in zip(pa.probes, pb.probes, strict=True)
+            if x.kind != y.kind and NEEDS_HARDWARE not in (x.kind, y.kind)
+        ]
+
+    def __repr__(self) -> str:
+        return self.table().to_text()
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html()
+
+
+def across(
+    dtype: torch.dtype | str = torch.bfloat16,
+    devices: Sequence[str] | None = None,
+    ops: Sequence[Op] = CATALOGUE,
+    simulate: bool = False,
+) -> Devices:
+    """Probe ``dtype`` on each of ``devices`` (default: every device type this build's
+    autocast can simulate), live where present, simulated elsewhere."""
+    dtype = _low(dtype)
+    names = _device.simulated_types() if devices is None else devices
+    return Devices(dtype, tuple(probe(d, dtype, ops, simulate=simulate) for d in names))

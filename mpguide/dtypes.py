@@ -1,0 +1,86 @@
+"""Which ATen ops convert dtypes, and a dispatch-mode log of every op with its dtypes.
+
+The log sits below autograd and autocast, so it sees the ops autocast really calls: the casts
+it inserts and the ``dtype=`` arguments it adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from mpguide import device as _device
+from mpguide.table import Table
+
+CONVERSIONS = frozenset(
+    {
+        "prims.convert_element_type.default",
+        "aten._to_copy.default",
+        "aten.to.dtype",
+        "aten.to.dtype_layout",
+        "aten.to.device",
+        "aten.copy.default",
+        "aten.copy_.default",
+    }
+)
+"""The ATen overloads that convert a tensor to another dtype (``copy`` into a buffer of
+another dtype included)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One op that reached the dispatcher: its tensor input dtypes, the ``dtype`` argument it was
+    given (``None`` when none), and its first output's dtype."""
+
+    op: str
+    ins: tuple[torch.dtype, ...]
+    dtype_arg: torch.dtype | None
+    out: torch.dtype | None
+
+    @property
+    def conversion(self) -> tuple[torch.dtype, torch.dtype] | None:
+        """``(source, target)`` when this call converts between two floating dtypes."""
+        if self.op not in CONVERSIONS or self.out is None or not self.ins:
+            return None
+        src = self.ins[-1] if self.op.startswith("aten.copy") else self.ins[0]
+        if src != self.out and src.is_floating_point and self.out.is_floating_point:
+            return src, self.out
+        return None
+
+    def row(self) -> tuple[str, str, str, str]:
+        name = _device.dtype_name
+        return (
+            self.op.removesuffix(".default"),
+            " + ".join(name(d) for d in self.ins),
+            name(self.dtype_arg) if self.dtype_arg is not None else "",
+            name(self.out) if self.out is not None else "",
+        )
+
+
+class Log(TorchDispatchMode):
+    """Records every op that reaches the dispatcher inside it, as :class:`Call` objects."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[Call] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = tuple(a.dtype for a in tree_leaves(args) if isinstance(a, torch.Tensor))
+        given = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.dtype)), None)
+        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        if not str(func).startswith("prim."):  # metadata queries such as prim.device
+            self.calls.append(Call(str(func), ins, given, outs[0].dtype if outs else None))
+        return out
+
+    def conversions(self) -> list[tuple[torch.dtype, torch.dtype]]:
+        """The floating-point conversions logged, in order."""
+        return [c.conversion for c in self.calls if c.conversion is not None]
+
+    def table(self, caption: str = "") -> Table:
+        """The calls, one row each: op, input dtypes, ``dtype=`` argument, output dtype."""
+        return Table(("op", "in", "dtype=", "out"), tuple(c.row() for c in self.calls), caption)
