@@ -25,9 +25,10 @@ class _Parser(argparse.ArgumentParser):
 def _policy(args: argparse.Namespace) -> str:
     from mpguide import device, policy
 
-    dev = device.resolve(args.device) if args.device else device.pick()
-    result = policy.probe(dev, device.dtype(args.dtype))
-    return result.table().render(args.format)
+    if args.device == "all":
+        return policy.across(args.dtype, simulate=args.simulate).table().render(args.format)
+    target = device.target(args.device, simulate=args.simulate)
+    return policy.probe(target, args.dtype).table().render(args.format)
 
 
 def _record(args: argparse.Namespace) -> str:
@@ -128,12 +129,24 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "policy",
-        help="probe autocast's per-op dtype policy on this machine",
-        description="Probe autocast's per-op dtype policy on this machine.",
+        help="probe autocast's per-op dtype policy on any device this build knows",
+        description="Probe autocast's per-op dtype policy. A device this machine has is probed "
+        "on hardware; any other device type this torch build has autocast kernels for is "
+        "simulated with fake tensors under its autocast (dispatch rules, no kernels run). "
+        "Every output says which.",
     )
-    s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
+    s.add_argument(
+        "--device",
+        help="a device type such as cpu, cuda, mps or xpu, or 'all' for one column per device "
+        "(default: cuda when present, else cpu)",
+    )
     s.add_argument("--dtype", default="bfloat16", help="bfloat16 or float16 (default bfloat16)")
-    s.add_argument("--format", default="table", choices=FORMATS)
+    s.add_argument(
+        "--simulate",
+        action="store_true",
+        help="simulate the device even when this machine has it",
+    )
+    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.set_defaults(run=_policy)
 
     s = sub.add_parser(

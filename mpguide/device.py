@@ -148,7 +148,7 @@ def describe(dev: torch.device | str | None = None) -> Machine:
 
 # -- simulated devices -----------------------------------------------------------------------
 
-_AUTOCAST_KERNEL = re.compile(r"^Autocast(\w+): registered at .*\[kernel\]$", re.M)
+_AUTOCAST_KERNEL = re.compile(r"^Autocast(\w+): registered at .*\[kernel\]$", re.MULTILINE)
 
 
 @functools.cache

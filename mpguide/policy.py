@@ -361,9 +361,22 @@ def run(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype) -> Run:
             own[c] -= 1
         else:
             added.append(c)
-    return Run(
-        inside.out, tuple(added), inside.error, inside.warning, inside.calls, outside.error
-    )
+    return Run(inside.out, tuple(added), inside.error, inside.warning, inside.calls, outside.error)
+
+
+def observe(
+    fn: Callable[[torch.device], Any],
+    dev: _device.Target | torch.device | str | None = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    simulate: bool = False,
+) -> Run:
+    """Call ``fn(device)`` under autocast on ``dev`` (live, or simulated where this machine
+    lacks it; tensors ``fn`` makes are then fake) and return what came out: the output dtype,
+    every op that reached the dispatcher, and the casts autocast added."""
+    target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
+    op = Op(getattr(fn, "__name__", "fn"), "", lambda t: (t.dev,), fn)
+    with _device.tensors(target):
+        return run(op, (target.device,), target, _low(dtype))
 
 
 def _cast_floats(args: tuple, kinds: Sequence[torch.dtype]) -> tuple:
@@ -598,19 +611,25 @@ def probe(
     return Policy(target.device.type, dtype, target.describe(), probes, target.how)
 
 
+def _label(p: Policy) -> str:
+    return f"{p.device} ({'simulated' if p.how == _device.SIMULATED else p.how})"
+
+
 def differences(a: Policy, b: Policy) -> Table:
-    """The ops whose class differs between two policies (e.g. bf16 and fp16 on one device)."""
-    na, nb = _device.dtype_name(a.dtype), _device.dtype_name(b.dtype)
+    """The ops whose class differs between two policies: bf16 and fp16 on one device, or one
+    dtype on two devices (a simulated device against the real one, say)."""
+    if a.dtype != b.dtype:
+        na, nb = _device.dtype_name(a.dtype), _device.dtype_name(b.dtype)
+        where = f"on {a.device}"
+    else:
+        na, nb = _label(a), _label(b)
+        where = f"for {_device.dtype_name(a.dtype)}"
     rows = tuple(
         (pa.op, pa.family, pa.kind, pb.kind, pb.note or pa.note)
         for pa, pb in zip(a.probes, b.probes, strict=True)
         if pa.kind != pb.kind
     )
-    return Table(
-        ("op", "family", na, nb, "note"),
-        rows,
-        f"ops whose class differs between {na} and {nb} on {a.device}",
-    )
+    return Table(("op", "family", na, nb, "note"), rows, f"ops whose class differs {where}")
 
 
 @dataclass(frozen=True)
@@ -629,10 +648,7 @@ class Devices:
     @property
     def labels(self) -> tuple[str, ...]:
         """``cpu (ran on hardware)``, ``cuda (simulated)``, ... in column order."""
-        return tuple(
-            f"{p.device} ({'simulated' if p.how == _device.SIMULATED else p.how})"
-            for p in self.policies
-        )
+        return tuple(_label(p) for p in self.policies)
 
     @property
     def caption(self) -> str:
@@ -642,27 +658,29 @@ class Devices:
             f"torch {torch.__version__} ({how})"
         )
 
-    def _rows(self, only_differing: bool) -> tuple[tuple[str, ...], ...]:
-        rows = []
-        for i, first in enumerate(self.policies[0].probes):
-            kinds = [p.probes[i].kind for p in self.policies]
-            if only_differing and len(set(kinds) - {NEEDS_HARDWARE}) < 2:
-                continue
-            rows.append((first.op, first.family, *kinds))
-        return tuple(rows)
+    def _differs(self, i: int) -> bool:
+        return len({p.probes[i].kind for p in self.policies} - {NEEDS_HARDWARE}) > 1
 
     def table(self) -> Table:
-        """Every op's class, one column per device."""
-        return Table(("op", "family", *self.labels), self._rows(False), self.caption)
+        """Every op's class, one column per device, and whether the class differs between
+        devices that decided it (a :data:`NEEDS_HARDWARE` cell is not a difference)."""
+        rows = tuple(
+            (
+                first.op,
+                first.family,
+                *(p.probes[i].kind for p in self.policies),
+                "yes" if self._differs(i) else "",
+            )
+            for i, first in enumerate(self.policies[0].probes)
+        )
+        differing = [r[0] for r in rows if r[-1]]
+        note = f"{len(differing)} of {len(rows)} ops differ between devices: {', '.join(differing)}"
+        return Table(("op", "family", *self.labels, "differs"), rows, self.caption, (note,))
 
     def differences(self) -> Table:
-        """The ops whose class differs between two devices where both decided it (a
-        :data:`NEEDS_HARDWARE` cell is not a difference)."""
-        return Table(
-            ("op", "family", *self.labels),
-            self._rows(True),
-            f"ops whose class differs between devices; {self.caption}",
-        )
+        """Only the ops whose class differs between devices."""
+        t = self.table()
+        return t.where(differs="yes")
 
     def differing(self, a: str, b: str) -> list[str]:
         """The ops whose class differs between devices ``a`` and ``b``, both decided."""

@@ -1,9 +1,12 @@
+import csv
+import io
 import json
 
 import pytest
 import torch
 from conftest import mpguide_process
 
+from mpguide import device
 from mpguide.cli import main
 
 
@@ -44,8 +47,40 @@ def test_bad_arguments_give_one_line_and_status_2(capsys, argv, message):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_missing_cuda_as_a_process():
-    proc = mpguide_process("policy", "--device", "cuda")
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("mpguide: error: device 'cuda' is not available")
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
+def test_cuda_without_a_gpu_is_simulated_as_a_process():
+    proc = mpguide_process("policy", "--device", "cuda", "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert {r["obtained"] for r in rows} == {device.SIMULATED}
+    by_op = {r["op"]: r for r in rows}
+    assert by_op["softmax"]["class"] == "float32"
+    assert by_op["mv"]["class"] == "lower precision"
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json", "csv"])
+def test_every_format_says_how_the_policy_was_obtained(capsys, fmt):
+    assert main(["policy", "--device", "cpu", "--format", fmt]) == 0
+    live = capsys.readouterr().out
+    assert device.LIVE in live and device.SIMULATED not in live
+    assert main(["policy", "--device", "cpu", "--simulate", "--format", fmt]) == 0
+    assert device.SIMULATED in capsys.readouterr().out
+
+
+def test_all_devices_in_one_table_with_the_differences():
+    proc = mpguide_process("policy", "--device", "all", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    row = next(r for r in data["rows"] if r["op"] == "sum")
+    cpu_col = next(k for k in row if k.startswith("cpu ("))
+    cuda_col = next(k for k in row if k.startswith("cuda ("))
+    assert (row[cpu_col], row[cuda_col], row["differs"]) == ("unchanged", "float32", "yes")
+    matmul = next(r for r in data["rows"] if r["op"] == "matmul")
+    assert matmul["differs"] == ""
+    assert ": " in data["notes"][0] and "sum" in data["notes"][0].split(": ")[1].split(", ")
+
+
+def test_a_device_type_the_build_does_not_know_as_a_process():
+    proc = mpguide_process("policy", "--device", "tpu")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("mpguide: error: unknown device 'tpu'")
+    assert "cuda" in proc.stderr and proc.stderr.count("\n") == 1

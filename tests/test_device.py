@@ -70,3 +70,56 @@ def test_describe_names_torch_and_the_device():
 def test_describe_cuda_names_the_gpu():
     m = device.describe("cuda")
     assert m.name == torch.cuda.get_device_name(0)
+
+
+def test_autocast_devices_are_read_from_the_dispatcher():
+    kernels = device.autocast_kernels()
+    assert list(kernels)[:2] == ["cpu", "cuda"]
+    assert kernels["cpu"] > 50 and kernels["cuda"] > 50
+    simulated = device.simulated_types()
+    assert {"cpu", "cuda"} <= set(simulated) <= set(kernels)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_missing_device_is_simulated_and_a_present_one_is_live():
+    cuda = device.target("cuda")
+    assert cuda.simulated and cuda.how == device.SIMULATED
+    assert cuda.describe().name == "simulated" and device.SIMULATED in cuda.describe().detail
+    assert device.target("cpu").how == device.LIVE
+    assert device.target("cpu", simulate=True).simulated
+
+
+@pytest.mark.parametrize("name", ["tpu", "gpu", "ipu"])
+def test_target_refuses_a_device_type_the_build_cannot_simulate(name):
+    with pytest.raises(MPGuideError, match=rf"unknown device '{name}'; this build's autocast"):
+        device.target(name)
+
+
+def test_simulate_gives_cuda_rules_and_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    with device.simulate("cuda", "bf16") as dev:
+        x = torch.randn(4, 16, device=dev)
+        assert isinstance(x, FakeTensor) and x.device.type == "cuda"
+        assert torch.softmax(x.to(torch.bfloat16), -1).dtype == torch.float32
+        assert torch.mm(x, x.T).dtype == torch.bfloat16
+    assert not isinstance(torch.randn(2), FakeTensor)
+
+
+def test_simulate_restores_every_switch_even_when_the_block_raises():
+    before = (
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+        torch.is_autocast_cache_enabled(),
+    )
+    with pytest.raises(RuntimeError, match="boom"), device.simulate("cuda", torch.bfloat16):
+        assert torch.is_autocast_enabled("cuda")
+        assert torch.get_autocast_dtype("cuda") == torch.bfloat16
+        raise RuntimeError("boom")
+    after = (
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+        torch.is_autocast_cache_enabled(),
+    )
+    assert after == before
+    assert type(torch.randn(2)) is torch.Tensor

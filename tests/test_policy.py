@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, policy
+from mpguide import MPGuideError, device, policy
 
 CPU = torch.device("cpu")
 
@@ -38,9 +38,13 @@ def test_catalogue_covers_the_families():
         assert name in names
 
 
-def test_every_op_gets_exactly_one_class(bf16):
-    assert sum(bf16.counts().values()) == len(policy.CATALOGUE)
-    assert set(bf16.counts()) == set(policy.CLASSES)
+def test_named_ops_fall_in_each_class_on_cpu(bf16):
+    assert {"mm", "conv2d", "linear"} <= set(bf16.ops(policy.LOWER))
+    assert {"prod", "mse_loss", "linalg.inv"} <= set(bf16.ops(policy.FLOAT32))
+    assert bf16.ops(policy.PROMOTE) == ["cat", "stack", "index_copy"]
+    assert {"exp", "softmax", "sum"} <= set(bf16.ops(policy.UNCHANGED))
+    assert bf16.ops(policy.UNSUPPORTED) == ["pdist"]
+    assert bf16.ops(policy.NEEDS_HARDWARE) == []
 
 
 @pytest.mark.parametrize("op", ["matmul", "mm", "linear", "conv2d", "bmm"])
@@ -121,13 +125,20 @@ def test_table_is_grouped_by_class(bf16):
     assert "torch " + torch.__version__ in bf16.caption
 
 
-def test_differences_lists_only_changed_ops(bf16):
+def test_bf16_and_fp16_agree_on_cpu(bf16):
     fp16 = policy.probe(CPU, torch.float16)
-    diff = policy.differences(bf16, fp16)
-    changed = [p.op for p in bf16.probes if p.kind != fp16.kind(p.op)]
-    assert [r[0] for r in diff.rows] == changed
-    same = policy.differences(bf16, bf16)
-    assert same.rows == ()
+    assert policy.differences(bf16, fp16).rows == ()
+    assert policy.differences(bf16, bf16).rows == ()
+
+
+def test_differences_between_devices_name_both_labels(bf16):
+    cuda = policy.probe("cuda", torch.bfloat16, simulate=True)
+    diff = policy.differences(bf16, cuda)
+    assert diff.columns[2:4] == (f"cpu ({device.LIVE})", "cuda (simulated)")
+    rows = {r[0]: r for r in diff.rows}
+    assert rows["sum"][2:4] == (policy.UNCHANGED, policy.FLOAT32)
+    assert rows["mv"][2:4] == (policy.UNCHANGED, policy.LOWER)
+    assert "matmul" not in rows
 
 
 def test_probe_rejects_a_dtype_autocast_does_not_take():
@@ -140,3 +151,76 @@ def test_cuda_runs_layer_norm_in_float32():
     result = policy.probe("cuda", torch.float16)
     assert result.kind("layer_norm") == policy.FLOAT32
     assert result.kind("matmul") == policy.LOWER
+
+
+@pytest.fixture(scope="module")
+def cuda_sim():
+    return policy.probe("cuda", torch.bfloat16, simulate=True)
+
+
+def test_simulated_cuda_runs_reductions_softmax_and_norms_in_float32(cuda_sim):
+    assert cuda_sim.how == device.SIMULATED and device.SIMULATED in cuda_sim.caption
+    for op in ("sum", "cumsum", "softmax", "log_softmax", "logsumexp", "layer_norm", "exp"):
+        assert cuda_sim.kind(op) == policy.FLOAT32, op
+    for op in ("mv", "addmv", "addr", "matmul", "conv2d"):
+        assert cuda_sim.kind(op) == policy.LOWER, op
+
+
+def test_simulated_cuda_adds_dtype_or_a_cast(cuda_sim):
+    (sum_call,) = [c for c in cuda_sim["sum"].low_in.calls if c.op == "aten.sum.default"]
+    assert sum_call.dtype_arg == torch.float32 and sum_call.out == torch.float32
+    assert cuda_sim["softmax"].low_in.casts == ((torch.bfloat16, torch.float32),)
+
+
+def test_autocast_refusing_an_op_is_a_rule_not_a_gap(cuda_sim):
+    bce = cuda_sim["binary_cross_entropy"]
+    assert bce.kind == policy.UNSUPPORTED and "unsafe to autocast" in bce.error
+
+
+def test_a_meta_kernel_that_raises_needs_hardware(cuda_sim):
+    inv = cuda_sim["linalg.inv"]
+    assert inv.kind == policy.NEEDS_HARDWARE
+    assert inv.note.startswith("the meta kernel raises: RuntimeError: linalg.inv_ex")
+
+
+def test_simulation_reproduces_the_real_cpu_but_for_meta_gaps(bf16):
+    simulated = policy.probe(CPU, torch.bfloat16, simulate=True)
+    gaps = policy.meta_gaps(torch.bfloat16, policy.CATALOGUE)
+    assert list(gaps) == ["pdist"] and "not implemented for 'BFloat16'" in gaps["pdist"]
+    assert [r[0] for r in policy.differences(bf16, simulated).rows] == ["pdist"]
+    assert simulated.kind("pdist") == policy.NEEDS_HARDWARE
+    assert simulated["pdist"].note == gaps["pdist"]
+
+
+def test_a_simulated_probe_restores_autocast_when_an_op_raises():
+    def boom(x):
+        raise RuntimeError("no kernel")
+
+    before = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
+    ops = [policy.Op("boom", "test", lambda t: (t(2),), boom)]
+    result = policy.probe("cuda", torch.bfloat16, ops=ops, simulate=True)
+    assert result.kind("boom") == policy.NEEDS_HARDWARE
+    assert (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")) == before
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json", "csv"])
+def test_the_label_is_in_every_format(cuda_sim, bf16, fmt):
+    assert device.SIMULATED in cuda_sim.table().render(fmt)
+    assert device.LIVE in bf16.table().render(fmt)
+
+
+def test_across_devices_marks_the_ops_that_differ():
+    ops = [op for op in policy.CATALOGUE if op.name in ("matmul", "sum", "pdist")]
+    both = policy.across(torch.bfloat16, ["cpu", "cuda"], ops, simulate=True)
+    assert both.differences().column("op") == ["sum"]
+    assert both.differing("cpu", "cuda") == ["sum"]
+    assert both.table().notes == ("1 of 3 ops differ between devices: sum",)
+
+
+@pytest.mark.gpu
+def test_simulated_cuda_matches_the_gpu_where_it_decides():
+    real = policy.probe("cuda", torch.bfloat16)
+    simulated = policy.probe("cuda", torch.bfloat16, simulate=True)
+    mismatches = policy.differences(real, simulated)
+    print(mismatches)
+    assert all(r[3] == policy.NEEDS_HARDWARE for r in mismatches.rows), mismatches

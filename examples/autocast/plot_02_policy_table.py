@@ -1,12 +1,15 @@
 """
-The autocast policy, probed op by op
-====================================
+The autocast policy, probed op by op on every device
+====================================================
 
 Which ops does autocast run in low precision, which in float32, and which does it leave
-alone? Instead of copying a list, :func:`mpguide.policy.probe` runs every op of a catalogue
-under :func:`torch.autocast` with float32 inputs, with low-precision inputs and with mixed
-inputs, records the casts autocast inserts, and classifies the op from what happened. We
-probe bf16 and fp16 on this build's device and compare them.
+alone, and does the answer depend on the device? Instead of copying a list,
+:func:`mpguide.policy.probe` runs every op of a catalogue under autocast with float32 inputs,
+with low-precision inputs and with mixed inputs, records the casts autocast inserts, and
+classifies the op from what happened. It does so on this build's own device, and on every other
+device type whose autocast kernels this torch build carries by simulating it: fake tensors on
+that device under its autocast, so the dispatcher applies that device's real rules over meta
+kernels and no kernel runs. The CPU and CUDA answers differ for about half the catalogue.
 """
 
 # %%
@@ -17,88 +20,213 @@ import textwrap
 import torch
 
 from mpguide import device, policy
+from mpguide.table import Table
 
 dev = device.pick()
 device.describe(dev)
 
 # %%
-# Probing bf16
-# ------------
+# The devices this build knows
+# ----------------------------
+# :func:`mpguide.device.autocast_kernels` reads the dispatcher of the installed torch: how many
+# ATen ops have an autocast kernel for each device type. A device type can be simulated when a
+# fake tensor on it carries that autocast dispatch key; a device this machine has runs for real.
+kernels = device.autocast_kernels()
+simulable = device.simulated_types()
+Table(
+    ("device type", "ops with an autocast kernel", "simulated here", "on this machine"),
+    tuple(
+        (t, n, "yes" if t in simulable else "no", "yes" if device.present(t) else "no")
+        for t, n in kernels.items()
+    ),
+    f"autocast kernels registered in torch {torch.__version__}",
+)
+
+# %%
+assert {"cpu", "cuda"} <= set(simulable)
+assert kernels["cuda"] > 50 and kernels["cpu"] > 50
+print(f"probed below: {', '.join(simulable)}")
+
+# %%
+# Probing bf16 on every device
+# ----------------------------
 # Each op runs three ways. The class comes from the outcome: ``lower precision`` when float32
 # inputs come out in bf16, ``float32`` when bf16 inputs come out in float32, ``promote`` when
 # autocast casts mixed inputs to the widest dtype, ``unchanged`` when it casts nothing,
-# ``unsupported`` when the op raises on uniform inputs.
-bf16 = policy.probe(dev, torch.bfloat16)
-counts = bf16.counts()
-print(f"{len(bf16.probes)} ops probed")
-for kind, n in counts.items():
-    print(f"  {kind:<16} {n:>3}")
-assert len(bf16.probes) >= 60
-assert sum(counts.values()) == len(bf16.probes)
+# ``unsupported`` when the op raises on uniform inputs, and, on a simulated device,
+# ``needs hardware`` where only a real kernel can tell.
+bf16 = policy.across(torch.bfloat16)
+cpu, cuda = bf16["cpu"], bf16["cuda"]
+Table(
+    ("class", *bf16.labels),
+    tuple((k, *(p.counts()[k] for p in bf16.policies)) for k in policy.CLASSES),
+    bf16.caption,
+)
 
 # %%
-# The matmul family and convolutions run in bf16 on every device autocast supports, and the
-# probe saw autocast insert a float32 -> bf16 cast for them.
-for op in ("matmul", "mm", "bmm", "linear", "conv2d"):
-    assert bf16.kind(op) == policy.LOWER, op
-    assert "float32->bfloat16" in bf16[op].casts, op
-print(textwrap.fill("lower precision: " + ", ".join(bf16.ops(policy.LOWER)), 88))
+# Named ops in each class on the CPU, asserted:
+for op, kind in {
+    "mm": policy.LOWER,
+    "conv2d": policy.LOWER,
+    "prod": policy.FLOAT32,
+    "mse_loss": policy.FLOAT32,
+    "cat": policy.PROMOTE,
+    "exp": policy.UNCHANGED,
+    "softmax": policy.UNCHANGED,
+}.items():
+    assert cpu.kind(op) == kind, (op, cpu.kind(op))
+print(textwrap.fill("cpu, float32: " + ", ".join(cpu.ops(policy.FLOAT32)), 88))
 
 # %%
-# The full table, grouped by class
-# --------------------------------
-# Columns give the output dtype for float32, bf16 and mixed inputs, the casts autocast
-# added, and the first error or warning any of the three calls raised.
+# Can the simulation be trusted?
+# ------------------------------
+# The CPU is the one device that can be both run and simulated here, so we simulate it too and
+# compare op by op. They agree everywhere except where an op's meta kernel accepts a dtype its
+# real CPU kernel rejects; :func:`mpguide.policy.meta_gaps` finds those ops, and a simulated
+# device marks them ``needs hardware`` instead of guessing.
+simulated_cpu = policy.probe("cpu", torch.bfloat16, simulate=True)
+check = policy.differences(cpu, simulated_cpu)
+gaps = policy.meta_gaps(torch.bfloat16, policy.CATALOGUE)
+agree = len(cpu.probes) - len(check.rows)
+print(f"simulated cpu agrees with the real cpu on {agree} of {len(cpu.probes)} ops")
+assert [r[0] for r in check.rows] == list(gaps)
+assert "pdist" in gaps and simulated_cpu.kind("pdist") == policy.NEEDS_HARDWARE
+assert cpu.kind("pdist") == policy.UNSUPPORTED
+check
+
+# %%
+# Every op on every device
+# ------------------------
+# One column per device: ``ran on hardware`` where this machine has the device, ``simulated``
+# (this build's dispatch rules, no kernels ran) elsewhere. The last column marks the ops whose
+# class differs between devices that decided it.
 bf16
 
 # %%
-# Probing fp16
-# ------------
-fp16 = policy.probe(dev, torch.float16)
-for kind, n in fp16.counts().items():
-    print(f"  {kind:<16} {n:>3}")
-assert fp16.kind("matmul") == policy.LOWER
+# The ops whose class differs:
+bf16.differences()
 
 # %%
-# Where bf16 and fp16 differ
-# --------------------------
-# An empty table means autocast treats both dtypes alike on this device.
-diff = policy.differences(bf16, fp16)
-print(f"{len(diff.rows)} ops change class between bf16 and fp16 on {dev.type}")
-assert len(diff.rows) == sum(
-    bf16.kind(p.op) != fp16.kind(p.op) for p in bf16.probes
+# CPU and CUDA, op by op
+# ----------------------
+# The questions readers ask most have different answers on the two devices. Reductions,
+# softmax, norms and most transcendental functions run in float32 under CUDA autocast and are
+# left alone by the CPU's; ``mv``, ``addmv`` and ``addr`` go to bf16 on CUDA and are left alone
+# on the CPU.
+to_float32_on_cuda = (
+    "sum", "cumsum", "softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm",
+    "group_norm", "exp", "log", "pow (tensor, scalar)",
 )
-diff
+for op in to_float32_on_cuda:
+    assert cpu.kind(op) == policy.UNCHANGED, (op, cpu.kind(op))
+    assert cuda.kind(op) == policy.FLOAT32, (op, cuda.kind(op))
+    assert cuda[op].low_in.out == torch.float32 and cpu[op].low_in.out == torch.bfloat16
+for op in ("mv", "addmv", "addr"):
+    assert cpu.kind(op) == policy.UNCHANGED and cuda.kind(op) == policy.LOWER, op
+differing = bf16.differing("cpu", "cuda")
+print(f"{len(differing)} ops differ between cpu ({cpu.how}) and cuda ({cuda.how})")
+Table(
+    ("op", "cpu: bf16 in", "cuda: bf16 in", "cpu class", "cuda class"),
+    tuple(
+        (op, cpu[op].low_in.out, cuda[op].low_in.out, cpu.kind(op), cuda.kind(op))
+        for op in (*to_float32_on_cuda, "mv", "addmv", "addr")
+    ),
+    "bf16 inputs under autocast",
+)
+
+# %%
+# The matmul family and convolutions
+# ----------------------------------
+# Here the devices agree: on every device probed, float32 inputs come out in bf16 with autocast
+# inserting the float32 -> bf16 casts.
+for p in bf16.policies:
+    for op in ("matmul", "mm", "bmm", "linear", "conv2d"):
+        assert p.kind(op) == policy.LOWER, (p.device, op)
+        assert "float32->bfloat16" in p[op].casts, (p.device, op)
+print(f"matmul, mm, bmm, linear, conv2d: lower precision on {', '.join(bf16.labels)}")
+
+# %%
+# What simulation cannot decide
+# -----------------------------
+# Where a simulated op raised in its meta kernel (with autocast off as well), or its meta kernel
+# is known to accept what a real kernel rejects, the class is ``needs hardware`` with the
+# reason. Numerics and timings always need hardware; dtype rules do not.
+undecided = Table(
+    ("device", "op", "reason"),
+    tuple(
+        (p.device, name, p[name].note)
+        for p in bf16.policies
+        for name in p.ops(policy.NEEDS_HARDWARE)
+    ),
+    "needs hardware",
+)
+if cuda.how == device.SIMULATED:
+    assert set(gaps) <= set(cuda.ops(policy.NEEDS_HARDWARE))
+    assert cuda.kind("binary_cross_entropy") == policy.UNSUPPORTED  # autocast itself refuses
+    assert "unsafe to autocast" in cuda["binary_cross_entropy"].error
+undecided
+
+# %%
+# bf16 against fp16
+# -----------------
+# On the CPU and on CUDA, the fp16 policy against the bf16 one. On the CPU no op changes class;
+# on CUDA the only difference is an op whose bf16 call simulation could not decide.
+fp16_cpu = policy.probe("cpu", torch.float16)
+fp16_cuda = policy.probe("cuda", torch.float16)
+cpu_16 = policy.differences(cpu, fp16_cpu)
+cuda_16 = policy.differences(cuda, fp16_cuda)
+print(f"cpu: {len(cpu_16.rows)} ops change class; cuda: {len(cuda_16.rows)}")
+assert fp16_cpu.kind("matmul") == fp16_cuda.kind("matmul") == policy.LOWER
+assert fp16_cuda.kind("softmax") == policy.FLOAT32
+if cpu.how == device.LIVE:
+    assert cpu_16.rows == ()
+assert all(policy.NEEDS_HARDWARE in (r[2], r[3]) for r in cuda_16.rows)
+cuda_16
 
 # %%
 # On a GPU
 # --------
-# CUDA's autocast has its own op lists. A GPU build shows its live table above; here are the
-# tables recorded on GPU machines by ``nox -s record``, each labelled with where, when and by
-# which command it was measured.
+# Built on a GPU, the CUDA column above ran on hardware, and the simulated CUDA policy is
+# compared with it here; a CPU build shows tables recorded on GPU machines by ``nox -s record``,
+# labelled with where, when and by which command they were measured.
+if cuda.how == device.LIVE:
+    simulated_cuda = policy.probe("cuda", torch.bfloat16, simulate=True)
+    real_vs_simulated = policy.differences(cuda, simulated_cuda)
+    print(f"simulated CUDA differs from the GPU on {len(real_vs_simulated.rows)} ops")
+    print(real_vs_simulated)
+    assert all(r[3] == policy.NEEDS_HARDWARE for r in real_vs_simulated.rows)
+else:
+    print(f"no GPU here: the CUDA column is {cuda.how}")
+
+# %%
 from mpguide import record
 
 record.beside(
     "autocast.policy.bfloat16",
-    bf16.table() if dev.type == "cuda" else None,
-    machine=device.describe(dev),
+    cuda.table() if cuda.how == device.LIVE else None,
+    machine=cuda.machine,
 )
 
 # %%
 # The same table on your machine
 # ------------------------------
-# The command line prints it for any device and dtype your machine has::
+# The command line prints it for any device type this build knows, simulated where the machine
+# lacks it, or all of them side by side::
 #
-#     python -m mpguide policy --device cpu --dtype bfloat16 --format markdown
+#     python -m mpguide policy --device cuda --dtype bfloat16 --format markdown
+#     python -m mpguide policy --device all --format csv
 #
 # What we saw
 # -----------
-# - The counts per class printed above, for bf16 and fp16 on this build's device.
-# - The matmul family and convolutions run in the low-precision dtype, with autocast
-#   inserting the float32 -> low-precision casts.
-# - The classes that differ between bf16 and fp16 are listed in the last table.
+# - This build carries autocast kernels for the device types in the first table, and the
+#   policy of each can be computed on a CPU.
+# - Simulating the CPU reproduces the real CPU policy except for the ops whose meta kernel is
+#   more permissive than the real one, which simulated devices mark ``needs hardware``.
+# - Reductions, softmax, norms, ``exp``, ``log`` and ``pow`` run in float32 under CUDA autocast
+#   and keep bf16 under the CPU's; ``mv``, ``addmv`` and ``addr`` go to bf16 on CUDA only.
+# - The matmul family and convolutions run in bf16 on every device probed.
 #
 # .. admonition:: References
 #
 #    :torchdoc:`amp.html#autocast-op-reference`, :torchapi:`torch.autocast`,
-#    :torchdoc:`notes/extending.html`
+#    :torchdoc:`torch.compiler_fake_tensor.html`, :torchdoc:`notes/extending.html`

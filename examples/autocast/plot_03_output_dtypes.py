@@ -1,11 +1,13 @@
 """
-Output dtypes of reductions, softmax and norms
-==============================================
+Output dtypes of reductions, softmax and norms, per device
+==========================================================
 
-Under autocast, what dtype do reductions, softmax and norms return when the activations
-are bf16? And what do an explicit ``dtype=`` argument or an ``out=`` tensor change? We call
-each op on this build's device and print the dtypes that come out; every one is asserted
-against the policy probe or stated and asserted here.
+Under autocast, what dtype do reductions, softmax and norms return when the activations are
+bf16, and why is the answer float32 on CUDA and bf16 on the CPU? What do an explicit ``dtype=``
+argument or an ``out=`` tensor change? We call each op on the CPU and on CUDA (on a GPU, or
+simulated from this build's dispatch rules where there is none) and log every op autocast
+sends to the dispatcher: CUDA autocast adds a ``dtype=float32`` argument or a cast before the op,
+the CPU's adds neither, and ``dtype=`` opts an op out of autocast on CUDA but not on the CPU.
 """
 
 # %%
@@ -19,64 +21,150 @@ from mpguide.table import Table
 
 dev = device.pick()
 device.describe(dev)
-
-gen = torch.Generator(device=dev).manual_seed(0)
-x = torch.randn(8, 64, device=dev, generator=gen).to(torch.bfloat16)
-weight = torch.ones(64, device=dev)
+cpu, cuda = device.target("cpu"), device.target("cuda")
+print(f"cpu: {cpu.how}; cuda: {cuda.how}")
 
 # %%
 # bf16 activations through common ops
 # -----------------------------------
-# Each op gets a bf16 input (and, for the norms, float32 weights as a model's would be).
-ops = {
-    "sum": lambda: x.sum(),
-    "mean": lambda: x.mean(),
-    "prod": lambda: x.prod(-1),
-    "cumsum": lambda: x.cumsum(-1),
-    "softmax": lambda: torch.softmax(x, -1),
-    "log_softmax": lambda: torch.log_softmax(x, -1),
-    "layer_norm": lambda: F.layer_norm(x, (64,), weight),
-    "rms_norm": lambda: F.rms_norm(x, (64,), weight),
+# Each call makes a bf16 activation on the device it is given (and, for the norms, float32
+# weight and bias, as a model's would be). :func:`mpguide.policy.observe` runs it under bf16
+# autocast on one device and keeps the output dtype, every op that reached the dispatcher, and
+# the casts autocast added.
+
+
+def bf16(d):
+    return torch.randn(8, 64, device=d).to(torch.bfloat16)
+
+
+calls = {
+    "sum": lambda d: bf16(d).sum(),
+    "mean": lambda d: bf16(d).mean(),
+    "prod": lambda d: bf16(d).prod(-1),
+    "cumsum": lambda d: bf16(d).cumsum(-1),
+    "softmax": lambda d: torch.softmax(bf16(d), -1),
+    "log_softmax": lambda d: torch.log_softmax(bf16(d), -1),
+    "layer_norm": lambda d: F.layer_norm(
+        bf16(d), (64,), torch.ones(64, device=d), torch.zeros(64, device=d)
+    ),
+    "rms_norm": lambda d: F.rms_norm(bf16(d), (64,), torch.ones(64, device=d)),
 }
-with torch.autocast(dev.type, dtype=torch.bfloat16):
-    seen = {name: fn().dtype for name, fn in ops.items()}
-
-Table(("op", "input", "output under autocast"),
-      tuple((name, x.dtype, dt) for name, dt in seen.items()),
-      f"bf16 input under autocast on {dev.type}, torch {torch.__version__}")
-
-# %%
-# The policy probe says the same: an op that autocast runs in float32 returns float32,
-# the others keep bf16. (The probe calls ``sum`` with no ``dim``; here too.)
-probe = policy.probe(dev, torch.bfloat16,
-                     ops=[op for op in policy.CATALOGUE if op.name in ops])
-for name, dt in seen.items():
-    if name in ("layer_norm", "rms_norm"):
-        continue  # called here with float32 weights, a mixed call the probe makes separately
-    assert dt == probe[name].low_in.out, name
-print("reductions and softmax agree with the probe")
+seen = {(name, t.device.type): policy.observe(fn, t) for name, fn in calls.items()
+        for t in (cpu, cuda)}
+Table(
+    ("op", "cpu output", "cuda output"),
+    tuple((name, seen[name, "cpu"].out, seen[name, "cuda"].out) for name in calls),
+    f"bf16 input under bf16 autocast, torch {torch.__version__}; cpu: {cpu.how}; "
+    f"cuda: {cuda.how}",
+)
 
 # %%
-# ``dtype=`` picks the output dtype
-# ---------------------------------
-# Passing ``dtype=`` to a reduction or softmax overrides autocast: float32 for an op that
-# would keep bf16, and bf16 for an op autocast would run in float32.
-with torch.autocast(dev.type, dtype=torch.bfloat16):
-    softmax32 = torch.softmax(x, -1, dtype=torch.float32)
-    sum32 = x.sum(dtype=torch.float32)
-    prod16 = x.prod(-1, dtype=torch.bfloat16)
-print(f"softmax(bf16, dtype=float32) -> {softmax32.dtype}")
-print(f"sum(bf16, dtype=float32)     -> {sum32.dtype}")
-print(f"prod(bf16, dtype=bfloat16)   -> {prod16.dtype}")
-assert softmax32.dtype == torch.float32
-assert sum32.dtype == torch.float32
-assert prod16.dtype == torch.bfloat16
+# Every output dtype is asserted, by name, and against the policy probe of the same device:
+# the probe's bf16-input run for the one-input ops, its mixed run (bf16 activation, float32
+# weights) for the norms.
+float32_on_cuda = {"sum", "prod", "cumsum", "softmax", "log_softmax", "layer_norm", "rms_norm"}
+float32_on_cpu = {"prod"}
+for (name, kind), run in seen.items():
+    want = float32_on_cuda if kind == "cuda" else float32_on_cpu
+    assert run.out == (torch.float32 if name in want else torch.bfloat16), (name, kind, run.out)
+probes = {
+    t.device.type: policy.probe(t, torch.bfloat16,
+                                ops=[op for op in policy.CATALOGUE if op.name in calls])
+    for t in (cpu, cuda)
+}
+for (name, kind), run in seen.items():
+    probed = probes[kind][name]
+    assert run.out == (probed.mixed_in if name.endswith("_norm") else probed.low_in).out, name
+print("every output dtype agrees with the policy probe of its device")
+
+# %%
+# Why CUDA returns float32: what autocast sends to the dispatcher
+# ---------------------------------------------------------------
+# The log sits below autocast, so it shows the ops autocast really called. For ``sum`` CUDA
+# autocast calls the op with ``dtype=float32`` added; for ``softmax`` and ``layer_norm`` it casts
+# the input to float32 first. The CPU's autocast calls each op as written.
+rows = []
+for name in ("sum", "softmax", "layer_norm"):
+    for t in (cpu, cuda):
+        for c in seen[name, t.device.type].calls:
+            if c.op not in ("aten.randn.default", "aten.ones.default", "aten.zeros.default"):
+                rows.append((name, t.device.type, *c.row()))
+Table(("call", "device", "op", "in", "dtype=", "out"), tuple(rows),
+      "ops reaching the dispatcher under bf16 autocast (input creation left out)")
+
+# %%
+sum_cuda = [c for c in seen["sum", "cuda"].calls if c.op == "aten.sum.default"]
+sum_cpu = [c for c in seen["sum", "cpu"].calls if c.op == "aten.sum.default"]
+assert [c.dtype_arg for c in sum_cuda] == [torch.float32]
+assert [c.dtype_arg for c in sum_cpu] == [None]
+assert seen["softmax", "cuda"].casts == ((torch.bfloat16, torch.float32),)
+assert seen["softmax", "cpu"].casts == ()
+assert seen["layer_norm", "cuda"].casts == ((torch.bfloat16, torch.float32),)
+print("cuda: sum gets dtype=float32, softmax and layer_norm a bf16 -> float32 cast; cpu: neither")
+
+# %%
+# RMSNorm on the CPU: a warning, and a float32 detour
+# ---------------------------------------------------
+# With a bf16 activation and a float32 weight, the CPU prints a warning that the fused kernel
+# cannot take mismatched dtypes. The log shows the consequence: ``rms_norm`` falls back to its
+# composite form, which computes in float32 (``pow``, ``mean``, ``rsqrt``) and casts the result
+# back to bf16. The CUDA call gets no warning, because autocast already made every input
+# float32, and keeps the float32 result.
+cpu_rms = seen["rms_norm", "cpu"]
+print(cpu_rms.warning)
+assert cpu_rms.warning is not None and "Cannot dispatch to fused implementation" in cpu_rms.warning
+assert seen["rms_norm", "cuda"].warning is None
+cpu_ops = [c.op for c in cpu_rms.calls]
+assert "aten.rsqrt.default" in cpu_ops
+assert cpu_rms.calls[-1].conversion == (torch.float32, torch.bfloat16)
+
+# %%
+# ``dtype=`` picks the output dtype, and on CUDA opts out of autocast
+# --------------------------------------------------------------------
+# Passing ``dtype=`` sets the output dtype on both devices. On CUDA, ``sum``, ``prod``,
+# ``cumsum`` and ``softmax`` are ops autocast only adds ``dtype=float32`` to when the caller gave
+# none, so a given ``dtype=`` leaves them alone. On the CPU ``prod`` is on autocast's float32 list:
+# autocast still casts its bf16 input to float32, and the op then returns the requested bf16.
+with_dtype = {
+    "softmax(x, dtype=float32)": lambda d: torch.softmax(bf16(d), -1, dtype=torch.float32),
+    "sum(x, dtype=float32)": lambda d: bf16(d).sum(dtype=torch.float32),
+    "sum(x, dtype=bfloat16)": lambda d: bf16(d).sum(dtype=torch.bfloat16),
+    "prod(x, dtype=bfloat16)": lambda d: bf16(d).prod(-1, dtype=torch.bfloat16),
+    "cumsum(x, dtype=bfloat16)": lambda d: bf16(d).cumsum(-1, dtype=torch.bfloat16),
+}
+given = {(name, t.device.type): policy.observe(fn, t) for name, fn in with_dtype.items()
+         for t in (cpu, cuda)}
+
+
+def casts(run):
+    return ", ".join(f"{device.dtype_name(a)}->{device.dtype_name(b)}" for a, b in run.casts)
+
+
+Table(
+    ("call on a bf16 x", "cpu output", "cpu: autocast casts", "cuda output",
+     "cuda: autocast casts"),
+    tuple((name, given[name, "cpu"].out, casts(given[name, "cpu"]),
+           given[name, "cuda"].out, casts(given[name, "cuda"])) for name in with_dtype),
+    "dtype= under bf16 autocast",
+)
+
+# %%
+for name, run in given.items():
+    assert run.out == (torch.float32 if "float32" in name[0] else torch.bfloat16), name
+prod_cpu, prod_cuda = given["prod(x, dtype=bfloat16)", "cpu"], given["prod(x, dtype=bfloat16)", "cuda"]
+assert prod_cpu.casts == ((torch.bfloat16, torch.float32),)
+assert prod_cuda.casts == ()
+assert seen["sum", "cuda"].out == torch.float32
+assert given["sum(x, dtype=bfloat16)", "cuda"].out == torch.bfloat16
+print("prod(dtype=bf16): the CPU's autocast still casts the input, CUDA's does not")
 
 # %%
 # ``out=`` switches autocast off for that call
 # --------------------------------------------
 # An op called with ``out=`` is not cast by autocast: float32 inputs multiply in float32 into
-# a float32 ``out``, and an ``out`` of another dtype than the inputs raises.
+# a float32 ``out``, and an ``out`` of another dtype than the inputs raises. This runs on this
+# build's device.
+gen = torch.Generator(device=dev).manual_seed(0)
 a = torch.randn(16, 16, device=dev, generator=gen)
 b = torch.randn(16, 16, device=dev, generator=gen)
 with torch.autocast(dev.type, dtype=torch.bfloat16):
@@ -99,13 +187,19 @@ assert out16_error is not None
 # %%
 # What we saw
 # -----------
-# - Under autocast, reductions, softmax and norms return the dtypes in the first table; the
-#   ones autocast runs in float32 (such as ``prod`` here) return float32.
-# - ``dtype=`` sets the output dtype of a reduction or softmax, even against autocast.
+# - Under bf16 autocast, ``sum``, ``prod``, ``cumsum``, softmax and the norms return float32 on
+#   CUDA; on the CPU only ``prod`` does, and the others keep bf16.
+# - CUDA autocast gets there by adding ``dtype=float32`` (``sum``) or a cast before the op
+#   (``softmax``, ``layer_norm``); the CPU's does neither.
+# - A bf16 activation with a float32 RMSNorm weight warns on the CPU and takes the composite,
+#   float32 path, rounding the result back to bf16.
+# - ``dtype=`` sets the output dtype on both devices; on CUDA it also stops autocast from
+#   touching the op, while the CPU's autocast still casts the input of ``prod``.
 # - With ``out=``, autocast leaves the call alone: the inputs keep their dtype, and an ``out``
 #   of another dtype raises.
 #
 # .. admonition:: References
 #
 #    :torchdoc:`amp.html#autocast-op-reference`, :torchapi:`torch.softmax`,
-#    :torchapi:`torch.sum`, :torchapi:`torch.mm`
+#    :torchapi:`torch.sum`, :torchapi:`torch.prod`, :torchapi:`torch.mm`,
+#    :torchapi:`torch.nn.functional.rms_norm`
