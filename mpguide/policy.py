@@ -335,13 +335,18 @@ def _first_float(value: Any) -> torch.dtype | None:
 
 def _call(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype | None) -> Run:
     log = dtypes.Log()
+    warn_always = torch.is_warn_always_enabled()
+    # Warnings torch gives once per process come every time, whatever ran before.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        torch.set_warn_always(True)
         try:
             with _device.autocast(dev, dtype), log:
                 out = op.call(*args)
         except Exception as err:  # noqa: BLE001 - an op that raises is a finding, not a failure
             return Run(None, tuple(log.conversions()), error_line(err), calls=tuple(log.calls))
+        finally:
+            torch.set_warn_always(warn_always)
     warning = f"{caught[0].category.__name__}: {caught[0].message}" if caught else None
     return Run(_first_float(out), tuple(log.conversions()), None, warning, tuple(log.calls))
 
@@ -652,10 +657,11 @@ class Devices:
 
     @property
     def caption(self) -> str:
-        how = "; ".join(f"{p.device}: {p.how}" for p in self.policies)
+        simulated = [p.device for p in self.policies if p.how == _device.SIMULATED]
+        how = f"; simulated ({', '.join(simulated)}): {_device.SIMULATED}" if simulated else ""
         return (
             f"autocast classes per device, dtype={_device.dtype_name(self.dtype)}, "
-            f"torch {torch.__version__} ({how})"
+            f"torch {torch.__version__}{how}"
         )
 
     def _differs(self, i: int) -> bool:

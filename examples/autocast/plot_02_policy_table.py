@@ -75,7 +75,7 @@ for op, kind in {
     "softmax": policy.UNCHANGED,
 }.items():
     assert cpu.kind(op) == kind, (op, cpu.kind(op))
-print(textwrap.fill("cpu, float32: " + ", ".join(cpu.ops(policy.FLOAT32)), 88))
+print(textwrap.fill("cpu, float32: " + ", ".join(cpu.ops(policy.FLOAT32)), 76))
 
 # %%
 # Can the simulation be trusted?
