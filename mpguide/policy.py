@@ -410,6 +410,7 @@ class Probe:
     low_in: Run
     mixed_in: Run | None
     reason: str = ""
+    undecided: tuple[str, ...] = ()
 
     @property
     def error(self) -> str | None:
@@ -454,13 +455,25 @@ def classify(fp32_in: Run, low_in: Run, mixed_in: Run | None, dtype: torch.dtype
     return UNCHANGED
 
 
+RUNS = ("fp32_in", "low_in", "mixed_in")
+
+
 def probe_op(
-    op: Op, dev: _device.Target, dtype: torch.dtype, seed: int = 0, gap: str = ""
+    op: Op,
+    dev: _device.Target,
+    dtype: torch.dtype,
+    seed: int = 0,
+    gaps: dict[str, str] | None = None,
 ) -> Probe:
-    """Run one op the three ways and classify it. On a simulated device an op that raises with
-    autocast off as well (its meta kernel refuses), or whose meta kernel is known to accept
-    what a real kernel rejects (``gap`` says how), is classed :data:`NEEDS_HARDWARE`; one
-    that raises only under autocast is refused by autocast itself, a rule of this build."""
+    """Run one op the three ways and classify it.
+
+    On a simulated device an op that raises with autocast off as well (its meta kernel
+    refuses), or whose uniform runs have a meta kernel known to accept what a real kernel
+    rejects (``gaps`` maps each such run of :data:`RUNS` to the reason), is classed
+    :data:`NEEDS_HARDWARE`; a mixed run in ``gaps`` is marked undecided and the class kept.
+    An op that raises only under autocast is refused by autocast itself, a rule of this build.
+    """
+    gaps = gaps if dev.simulated and gaps else {}
     with _device.tensors(dev):
         args = op.inputs(Inputs(dev.device, seed, fake=dev.simulated))
         n = _n_floats(args)
@@ -474,28 +487,37 @@ def probe_op(
     kind = classify(fp32_in, low_in, mixed_in, dtype)
     reason = ""
     failed = fp32_in if fp32_in.error else low_in
+    uniform = [gaps[r] for r in RUNS[:2] if r in gaps]
     if dev.simulated and kind == UNSUPPORTED and failed.error_outside:
         kind, reason = NEEDS_HARDWARE, f"the meta kernel raises: {failed.error_outside}"
-    elif dev.simulated and gap:
-        kind, reason = NEEDS_HARDWARE, gap
-    return Probe(op.name, op.family, kind, fp32_in, low_in, mixed_in, reason)
+    elif uniform:
+        kind, reason = NEEDS_HARDWARE, uniform[0]
+    elif "mixed_in" in gaps:
+        reason = f"mixed in: {gaps['mixed_in']}"
+    return Probe(op.name, op.family, kind, fp32_in, low_in, mixed_in, reason, tuple(sorted(gaps)))
 
 
 @functools.cache
-def meta_gaps(dtype: torch.dtype, ops: tuple[Op, ...] = ()) -> dict[str, str]:
-    """The ops whose real CPU kernel raises on ``dtype`` inputs under CPU autocast while their
-    meta kernel runs: there, simulation cannot say whether another device's kernel accepts
-    ``dtype``. Maps op name to the reason, with the CPU's error."""
+def meta_gaps(dtype: torch.dtype, ops: tuple[Op, ...] = ()) -> dict[str, dict[str, str]]:
+    """Where simulation cannot be trusted: the runs (of :data:`RUNS`) whose real CPU kernel
+    raises under CPU autocast, or returns another dtype, while the meta kernel runs. Found by
+    probing the CPU for real and simulated; maps op name to ``{run: reason}``."""
     ops = ops or CATALOGUE
     live, fake = _device.target("cpu"), _device.target("cpu", simulate=True)
-    gaps = {}
+    gaps: dict[str, dict[str, str]] = {}
     for op in ops:
-        real = probe_op(op, live, dtype)
-        if real.kind != UNSUPPORTED:
-            continue
-        sim = probe_op(op, fake, dtype)
-        if sim.kind != NEEDS_HARDWARE:
-            gaps[op.name] = f"the CPU kernel raises ({real.error}) where the meta kernel runs"
+        real, sim = probe_op(op, live, dtype), probe_op(op, fake, dtype)
+        for name in RUNS:
+            a, b = getattr(real, name), getattr(sim, name)
+            if a is None or b.error:
+                continue
+            if a.error:
+                why = f"the CPU kernel raises ({a.error}) where the meta kernel runs"
+            elif a.out != b.out:
+                why = f"the CPU kernel returns {a.out} where the meta kernel returns {b.out}"
+            else:
+                continue
+            gaps.setdefault(op.name, {})[name] = why
     return gaps
 
 
@@ -556,9 +578,7 @@ class Policy:
                 p.op,
                 p.family,
                 p.kind,
-                _out(p.fp32_in),
-                _out(p.low_in),
-                _out(p.mixed_in),
+                *(_out(getattr(p, r), r in p.undecided) for r in RUNS),
                 ", ".join(p.casts),
                 p.note,
                 self.how,
@@ -584,9 +604,11 @@ class Policy:
         return "".join(parts)
 
 
-def _out(r: Run | None) -> str:
+def _out(r: Run | None, undecided: bool = False) -> str:
     if r is None:
         return ""
+    if undecided:
+        return NEEDS_HARDWARE
     return "error" if r.error else _device.dtype_name(r.out) if r.out else "-"
 
 
@@ -612,7 +634,7 @@ def probe(
     dtype = _low(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
     gaps = meta_gaps(dtype, tuple(ops)) if target.simulated else {}
-    probes = tuple(probe_op(op, target, dtype, seed, gaps.get(op.name, "")) for op in ops)
+    probes = tuple(probe_op(op, target, dtype, seed, gaps.get(op.name)) for op in ops)
     return Policy(target.device.type, dtype, target.describe(), probes, target.how)
 
 

@@ -186,10 +186,19 @@ def test_a_meta_kernel_that_raises_needs_hardware(cuda_sim):
 def test_simulation_reproduces_the_real_cpu_but_for_meta_gaps(bf16):
     simulated = policy.probe(CPU, torch.bfloat16, simulate=True)
     gaps = policy.meta_gaps(torch.bfloat16, policy.CATALOGUE)
-    assert list(gaps) == ["pdist"] and "not implemented for 'BFloat16'" in gaps["pdist"]
+    assert list(gaps["pdist"]) == ["low_in"]
+    assert "not implemented for 'BFloat16'" in gaps["pdist"]["low_in"]
+    assert list(gaps["index_put"]) == ["mixed_in"]
     assert [r[0] for r in policy.differences(bf16, simulated).rows] == ["pdist"]
     assert simulated.kind("pdist") == policy.NEEDS_HARDWARE
-    assert simulated["pdist"].note == gaps["pdist"]
+    assert simulated["pdist"].note == gaps["pdist"]["low_in"]
+
+
+def test_a_mixed_run_the_meta_kernel_allows_is_marked_not_guessed(cuda_sim):
+    probe = cuda_sim["index_put"]
+    assert probe.undecided == ("mixed_in",) and probe.note.startswith("mixed in: the CPU kernel")
+    row = cuda_sim.table().where(op="index_put").records()[0]
+    assert row["mixed in"] == policy.NEEDS_HARDWARE and row["class"] == probe.kind
 
 
 def test_a_simulated_probe_restores_autocast_when_an_op_raises():
