@@ -16,7 +16,7 @@ _needed = {
     "myst_nb": "myst-nb",
     "pydata_sphinx_theme": "pydata-sphinx-theme",
     "sphinx_copybutton": "sphinx-copybutton",
-    "torch": "torch==2.13.0",
+    "torch": "torch",
     "matplotlib": "matplotlib",
 }
 _missing = [pkg for mod, pkg in _needed.items() if importlib.util.find_spec(mod) is None]

@@ -13,7 +13,6 @@ import nox
 
 ROOT = Path(__file__).parent
 BUILD = ROOT / "build"
-TORCH_PIN = "torch==2.13.0"
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -24,7 +23,8 @@ def _install(session: nox.Session, *extras: str) -> None:
     """Install mpguide with ``extras``, reusing the torch of the Python running nox if it has one.
 
     A GPU runner's CUDA build of torch is linked into the session through a ``.pth`` file; a
-    fresh machine gets the pinned CPU build, never an unpinned torch and its CUDA packages.
+    fresh machine gets the CPU build pinned by pyproject's ``pinned`` extra, never an unpinned
+    torch and its CUDA packages.
     """
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.submodule_search_locations:
@@ -37,11 +37,10 @@ def _install(session: nox.Session, *extras: str) -> None:
         ).strip()
         Path(purelib, "_mpguide_host_torch.pth").write_text(f"{site}\n")
         session.log(f"using the torch already installed in {site}")
-        pins = []
     else:
-        pins = [TORCH_PIN]
+        extras = ("pinned", *extras)
     spec_extras = f".[{','.join(extras)}]" if extras else "."
-    session.install(*pins, "-e", spec_extras)
+    session.install("-e", spec_extras)
 
 
 @nox.session(default=True)

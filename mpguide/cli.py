@@ -11,7 +11,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from mpguide import MPGuideError
+from mpguide import MPGuideError, __version__
 from mpguide.table import FORMATS
 
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
@@ -125,6 +125,7 @@ def _inference(args: argparse.Namespace) -> str:
 def parser() -> argparse.ArgumentParser:
     """The command line, with one subparser per subcommand."""
     p = _Parser(prog="python -m mpguide", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"mpguide {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     s = sub.add_parser(
@@ -167,7 +168,7 @@ def parser() -> argparse.ArgumentParser:
         description="Bits, range and precision of fp64, fp32, TF32, bf16, fp16 "
         "and the fp8 formats of the installed torch.",
     )
-    s.add_argument("--format", default="table", choices=FORMATS)
+    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.set_defaults(run=_formats)
 
     s = sub.add_parser(
@@ -197,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
         "that caused it, source and target dtype, bytes, CPU and GPU time.",
     )
     s.add_argument("trace", help="path to the trace (.json or .json.gz)")
-    s.add_argument("--format", default="table", choices=FORMATS)
+    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.add_argument(
         "--by",
         default="cast",
@@ -228,7 +229,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
     s.add_argument("--warmup", type=int, default=3, help="calls before timing (default 3)")
     s.add_argument("--repeat", type=int, default=15, help="timed calls (default 15)")
-    s.add_argument("--format", default="table", choices=FORMATS)
+    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.set_defaults(run=_inference)
     return p
 

@@ -84,3 +84,21 @@ def test_a_device_type_the_build_does_not_know_as_a_process():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("mpguide: error: unknown device 'tpu'")
     assert "cuda" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_version(capsys):
+    import mpguide
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"mpguide {mpguide.__version__}\n"
+
+
+def test_every_option_has_help():
+    from mpguide.cli import parser
+
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
