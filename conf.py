@@ -147,4 +147,4 @@ copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 
 nitpicky = False
-suppress_warnings = ["config.cache"]
+suppress_warnings: list[str] = []

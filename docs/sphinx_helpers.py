@@ -1,15 +1,28 @@
 """Callables that conf.py names by string, so the Sphinx configuration stays picklable."""
 
+import warnings
+
 from mpguide import state
 
 # Taken when Sphinx imports this module, before any example has run.
 _PRISTINE = state.snapshot()
+_FILTERS = list(warnings.filters)
 
 
 def reset_torch_state(gallery_conf, fname, when=None):
-    """Run before and after every example: switches, dynamo, autocast cache and seeds reset."""
+    """Run before and after every example: switches, dynamo, autocast cache and seeds reset.
+
+    A Python warning raised inside an example is an error, as in the tests: the example stops
+    and the build fails, instead of a warning scrolling past in the build log."""
     state.reset(_PRISTINE)
 
     import matplotlib.pyplot as plt
 
     plt.close("all")
+    warnings.filters[:] = _FILTERS
+    if when == "before":
+        warnings.simplefilter("error")
+        # Raised by torch's own import of inductor (torch.utils.mkldnn), not by an example.
+        warnings.filterwarnings(
+            "ignore", r"`torch\.jit\.script_method` is deprecated", DeprecationWarning
+        )
