@@ -10,25 +10,31 @@ process and thread:
 - CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
   first, then layer (annotation, Python, op), then file order. An interval is half-open: an
   event starting at another's exact end follows it as a sibling.
-- GPU kernels, memcpys and memsets hang under the runtime launch with the same correlation
-  id (a graph launch gets all its kernels); a GPU event without a launch stays in its stream's
-  tree.
+- GPU kernels, memcpys and memsets hang under the runtime launch that started them (a graph
+  launch gets all its kernels); a GPU event without a launch stays in its stream's tree. The
+  ``ac2g`` flow events say which launch started which GPU event: a flow's start binds to the
+  launch on its thread that starts at its time, its end to the GPU event that starts at its
+  time. GPU events without a flow link through the ``correlation`` id in their ``args``.
 - ``python_function`` events are an optional layer (``python=True``), and so are
   ``user_annotation`` ranges such as ``ProfilerStep#N`` (``annotations=False`` leaves them
   out). Left-out events are counted, never lost.
 
 Every other case has a defined place and is counted in :class:`Anomalies`: an event that
 overlaps its parent without nesting stays under the parent it starts in; identical intervals
-nest in file order; a correlation id shared by several launches (a merged trace of several
-ranks) links each GPU event to the latest launch that precedes it.
+nest in file order; an event without ``ts`` or ``dur`` is left out of the tree; bytes that are
+not UTF-8 are replaced by U+FFFD. An id shared by launches of several processes (a merged
+trace of several ranks) links a GPU event to the launch in its own process, else in the
+process its unambiguous links pair it with, else to none: a GPU event is never linked to
+another rank's launch by guess. Within one process, the latest launch that precedes the GPU
+event is taken.
 """
 
 from __future__ import annotations
 
+import codecs
 import gc
 import gzip
 import math
-import mmap
 import os
 import pickle
 import re
@@ -41,7 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import attrgetter, is_not, not_
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -65,9 +71,10 @@ class Event(msgspec.Struct, gc=False):
     cat: str = ""
     pid: int | str = 0
     tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: float = math.nan
+    dur: float = math.nan
     args: msgspec.Raw = msgspec.Raw(b"{}")
+    id: int | str | None = None
 
 
 class _File(msgspec.Struct, gc=False):
@@ -79,6 +86,7 @@ class _Link(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
+FLOW = "ac2g"
 _LINKS = msgspec.json.Decoder(list[_Link])
 PARALLEL_BYTES = 64 << 20
 """Plain traces at least this large are decoded in two processes."""
@@ -116,10 +124,35 @@ class Args:
         return self.raws(np.array([i]))[0]
 
 
-def _columns(events: list[Event], source: str) -> Trace:
-    """The complete events as columns, the others counted by phase."""
+class Flows(NamedTuple):
+    """The ``ac2g`` flow events: ``start`` is True for a flow's start (``ph: "s"``), False for
+    its end (``ph: "f"``); ``key`` is the flow's ``id``."""
+
+    start: np.ndarray
+    key: Coded
+    pid: Coded
+    tid: Coded
+    ts: np.ndarray
+
+
+def _flows(events: list[Event]) -> Flows:
+    n = len(events)
+    return Flows(
+        np.fromiter((e.ph == "s" for e in events), bool, n),
+        *(Coded(*codes(map(attrgetter(f), events), n)) for f in ("id", "pid", "tid")),
+        np.fromiter(map(attrgetter("ts"), events), float, n),
+    )
+
+
+def _is_flow(e: Event) -> bool:
+    return e.cat == FLOW and e.ph in ("s", "f") and e.id is not None and math.isfinite(e.ts)
+
+
+def _columns(events: list[Event], source: str, replaced: int = 0) -> Trace:
+    """The complete events as columns, the flow events apart, the others counted by phase."""
     is_complete = [e.ph == "X" for e in events]
-    other = Counter(map(attrgetter("ph"), compress(events, map(not_, is_complete))))
+    others = list(compress(events, map(not_, is_complete)))
+    other = Counter(map(attrgetter("ph"), others))
     complete = list(compress(events, is_complete))
     n = len(complete)
     coded = [Coded(*codes(map(attrgetter(f), complete), n)) for f in ("name", "cat", "pid", "tid")]
@@ -127,7 +160,8 @@ def _columns(events: list[Event], source: str) -> Trace:
     raws = list(map(attrgetter("args"), complete))
     ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
     args = Args((b"".join(raws),), np.zeros(1, np.int64), ends)
-    return Trace(*coded, ts, dur, args, dict(other), source)
+    flows = _flows(list(filter(_is_flow, others)))
+    return Trace(*coded, ts, dur, args, dict(other), flows, source, replaced)
 
 
 def _merged(columns: list[Coded]) -> Coded:
@@ -153,7 +187,13 @@ def _joined(parts: list[Trace], source: str) -> Trace:
             np.concatenate([p.args.ends + b for p, b in zip(parts, base, strict=True)]),
         ),
         other=dict(sum((Counter(p.other) for p in parts), Counter())),
+        flows=Flows(
+            np.concatenate([p.flows.start for p in parts]),
+            *(_merged([getattr(p.flows, f) for p in parts]) for f in ("key", "pid", "tid")),
+            np.concatenate([p.flows.ts for p in parts]),
+        ),
         source=source,
+        replaced=sum(p.replaced for p in parts),
     )
 
 
@@ -175,7 +215,9 @@ class _Events(Sequence):
 @dataclass(frozen=True, eq=False)
 class Trace:
     """The complete (``ph: "X"``) events of a chrome trace in file order, one array per
-    field, and how many events of each other phase it had."""
+    field (``ts`` and ``dur`` NaN where the event has none), how many events of each other
+    phase it had, its ``ac2g`` flow events, and how many invalid UTF-8 sequences were
+    replaced while reading it."""
 
     name: Coded
     cat: Coded
@@ -185,7 +227,9 @@ class Trace:
     dur: np.ndarray
     args: Args
     other: dict[str, int]
+    flows: Flows
     source: str = ""
+    replaced: int = 0
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -235,8 +279,12 @@ def paused_gc() -> Iterator[None]:
 
 
 def _is_gzip(path: Path) -> bool:
-    if not path.is_file():
+    if path.is_dir():
+        raise MPGuideError(f"{path}: is a directory, not a trace file")
+    if not path.exists():
         raise MPGuideError(f"{path}: no such file")
+    if not path.is_file():
+        raise MPGuideError(f"{path}: not a regular file")
     with path.open("rb") as f:
         return f.read(2) == b"\x1f\x8b"
 
@@ -251,20 +299,44 @@ def _read(path: Path) -> bytes:
         raise MPGuideError(f"{path}: broken gzip file ({err})") from None
 
 
-def _decode(data: bytes | bytearray | mmap.mmap, where: str) -> list[Event]:
+_UTF8_CHUNK = 1 << 24
+_REPLACEMENT = "\ufffd"
+
+
+def _invalid_utf8(data: bytes | bytearray) -> int:
+    """How many invalid UTF-8 sequences ``data`` holds, decoded a piece at a time (at once
+    when it is ASCII)."""
+    if data.isascii():
+        return 0
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    view = memoryview(data)
+    found = sum(
+        decoder.decode(view[i : i + _UTF8_CHUNK]).count(_REPLACEMENT)
+        for i in range(0, len(data), _UTF8_CHUNK)
+    )
+    found += decoder.decode(b"", final=True).count(_REPLACEMENT)
+    return found - data.count(_REPLACEMENT.encode())
+
+
+def _decode(data: bytes | bytearray, where: str) -> tuple[list[Event], int]:
+    """The events of a chrome-trace document, and how many invalid UTF-8 sequences were
+    replaced by U+FFFD to decode it."""
+    replaced = _invalid_utf8(data)
     try:
-        doc = _DECODER.decode(data)
+        doc = _DECODER.decode(data.decode("utf-8", "replace") if replaced else data)
     except msgspec.ValidationError as err:
         raise MPGuideError(f"{where}: not a chrome trace ({err})") from None
     except msgspec.DecodeError as err:
         raise MPGuideError(f"{where}: not valid JSON ({err})") from None
-    return doc if isinstance(doc, list) else doc.traceEvents
+    return (doc if isinstance(doc, list) else doc.traceEvents), replaced
 
 
 @paused_gc()
 def parse(data: bytes, source: str = "") -> Trace:
-    """A trace from the bytes of a chrome-trace JSON document."""
-    return _columns(_decode(data, source or "trace"), source)
+    """A trace from the bytes of a chrome-trace JSON document; bytes that are not UTF-8 are
+    replaced by U+FFFD and counted (:attr:`Trace.replaced`)."""
+    events, replaced = _decode(data, source or "trace")
+    return _columns(events, source, replaced)
 
 
 @paused_gc()
@@ -336,23 +408,17 @@ def _piece(path: Path, start: int, stop: int | None, before: bytes, after: bytes
     ``after`` into a document of their own; None if that is not a chrome trace."""
     with path.open("rb") as f:
         size = (os.fstat(f.fileno()).st_size if stop is None else stop) - start
-        buf = _buffer(len(before) + size + len(after))
+        buf = bytearray(len(before) + size + len(after))
         buf[: len(before)] = before
         f.seek(start)
         if f.readinto(memoryview(buf)[len(before) : len(before) + size]) != size:
             return None
         buf[len(before) + size :] = after
     try:
-        return _columns(_decode(buf, str(path)), str(path))
+        events, replaced = _decode(buf, str(path))
     except MPGuideError:
         return None
-
-
-def _buffer(size: int) -> bytearray | mmap.mmap:
-    """``size`` writable bytes: on POSIX an anonymous map, zeroed only as it is written."""
-    if size and hasattr(mmap, "MAP_PRIVATE"):
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return bytearray(size)
+    return _columns(events, str(path), replaced)
 
 
 def _work(argv: list[str]) -> None:
@@ -369,17 +435,39 @@ def _work(argv: list[str]) -> None:
 
 @dataclass(frozen=True)
 class Anomalies:
-    """How many events met each case that a plain interval nesting gets wrong."""
+    """How many events met each case that a plain interval nesting gets wrong.
+
+    ``shared_correlation`` counts the GPU events whose id launches of several processes
+    share; ``ambiguous_gpu`` those of them left unlinked because no process pairing decides;
+    ``no_time`` the events without ``ts`` or ``dur``, left out of the tree; ``replaced`` the
+    invalid UTF-8 sequences replaced while reading; ``left_out`` the events of layers not
+    asked for.
+    """
 
     overlaps: int = 0
     touching: int = 0
     identical: int = 0
     shared_correlation: int = 0
+    ambiguous_gpu: int = 0
     unlinked_gpu: int = 0
+    no_time: int = 0
+    replaced: int = 0
     left_out: int = 0
 
     def total(self) -> int:
         return sum(getattr(self, f.name) for f in fields(self) if f.name != "left_out")
+
+    def losses(self) -> list[str]:
+        """A sentence per case that changed or left out what the trace says."""
+        said = (
+            (self.replaced, "invalid UTF-8 sequences replaced by U+FFFD"),
+            (self.no_time, "events without ts or dur left out"),
+            (
+                self.ambiguous_gpu,
+                "GPU events left unlinked: launches of several ranks share their id",
+            ),
+        )
+        return [f"{n} {text}" for n, text in said if n]
 
     def __repr__(self) -> str:
         parts = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)]
@@ -433,7 +521,7 @@ class Node:
     @property
     def is_gpu(self) -> bool:
         """Whether it happens on the device: a kernel, memcpy, memset or GPU-side range."""
-        return self.cat in GPU_CATEGORIES or self.cat.startswith("gpu_")
+        return _is_gpu_category(self.cat)
 
     @cached_property
     def args(self) -> dict[str, Any]:
@@ -477,8 +565,8 @@ class Node:
         return f"Node({self.id}, {self.name!r}, {self.cat}, {self.dur:.3f} us)"
 
 
-def _nanoseconds(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end in integer nanoseconds since the first event.
+def _absolute_ns(ts: np.ndarray) -> np.ndarray:
+    """Finite microsecond times in integer nanoseconds.
 
     Exports write microseconds with three decimals, but a double near 4e12 us is only good
     to about a nanosecond, so ``ts * 1000`` can round to the wrong nanosecond and nest a
@@ -489,9 +577,7 @@ def _nanoseconds(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarra
     for step in (-1.0, 1.0):
         wrong = ns / 1000.0 != ts
         ns[wrong & ((ns + step) / 1000.0 == ts)] += step
-    start = ns.astype(np.int64)
-    start -= start.min() if len(start) else 0
-    return start, start + np.rint(dur * 1000.0).astype(np.int64)
+    return ns.astype(np.int64)
 
 
 class Tree:
@@ -606,19 +692,69 @@ class Tree:
         fields: Sequence[str] = DEFAULT_FIELDS,
         depth: int | None = None,
         gpu: bool = False,
+        limit: int | None = None,
     ) -> str:
         """A text tree (``└── aten::matmul  Input Dims: ...``) of ``root`` or of every thread.
 
         ``fields`` are ``args`` entries shown after the name; ``depth`` limits the levels
-        shown below each root; GPU events are shown only with ``gpu=True``.
+        shown below each root; GPU events are shown only with ``gpu=True``; ``limit`` caps
+        the nodes shown, depth first (:meth:`count` says how many there are).
         """
         lines: list[str] = []
-        for title, nodes in self._groups(root, gpu):
+        for title, node, branch, _ in islice(self._shown(root, depth, gpu), limit):
             if title:
                 lines.append(title)
-            for k, node in enumerate(nodes):
-                self._render(node, "", k == len(nodes) - 1, fields, depth, gpu, lines)
+            shown = [f"{f}: {_compact(v)}" for f, v in _fields(node, fields).items()]
+            lines.append(f"{branch}{'  '.join([node.name, *shown])}")
         return "\n".join(lines)
+
+    def nested(
+        self,
+        root: Node | Sequence[Node] | None = None,
+        *,
+        fields: Sequence[str] = DEFAULT_FIELDS,
+        depth: int | None = None,
+        gpu: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The nodes :meth:`render` shows as nested dicts for JSON: ``id``, ``name``, ``cat``,
+        ``pid``, ``tid``, ``ts`` and ``dur`` (microseconds), the ``fields`` the event has,
+        and ``children``."""
+        out: list[dict[str, Any]] = []
+        open_: list[dict[str, Any]] = []
+        trace = self.trace
+        for _, node, _, level in islice(self._shown(root, depth, gpu), limit):
+            i = node.id
+            item = {
+                "id": i,
+                "name": node.name,
+                "cat": node.cat,
+                "pid": trace.pid.value(i),
+                "tid": trace.tid.value(i),
+                "ts": node.start,
+                "dur": node.dur,
+                "fields": _fields(node, fields),
+                "children": [],
+            }
+            del open_[level:]
+            (open_[-1]["children"] if open_ else out).append(item)
+            open_.append(item)
+        return out
+
+    def count(
+        self, root: Node | Sequence[Node] | None = None, *, depth: int | None = None, gpu=False
+    ) -> int:
+        """How many nodes :meth:`render` shows without a limit."""
+        ids, offsets = self._children
+        visible = self.included & (gpu | ~self.in_category(_is_gpu_category))
+        frontier = np.array([n.id for _, nodes in self._groups(root, gpu) for n in nodes], int)
+        total, level = len(frontier), 0
+        while len(frontier) and (depth is None or level < depth):
+            first, n_kids = offsets[frontier], offsets[frontier + 1] - offsets[frontier]
+            at = np.repeat(first - np.cumsum(n_kids) + n_kids, n_kids) + np.arange(n_kids.sum())
+            frontier = ids[at][visible[ids[at]]]
+            total, level = total + len(frontier), level + 1
+        return total
 
     def _groups(self, root, gpu: bool) -> list[tuple[str, list[Node]]]:
         if root is None:
@@ -629,24 +765,21 @@ class Tree:
             return [(title, nodes) for title, nodes in groups if nodes]
         return [("", [root] if isinstance(root, Node) else list(root))]
 
-    def _render(self, node: Node, prefix: str, last: bool, fields, depth, gpu, lines) -> None:
-        label = node.name
-        shown = [f"{f}: {_compact(node.field(f))}" for f in fields if node.field(f) is not None]
-        lines.append(f"{prefix}{'└── ' if last else '├── '}{'  '.join([label, *shown])}")
-        if depth is not None and depth <= 0:
-            return
-        kids = [c for c in node.children if gpu or not c.is_gpu]
-        inner = prefix + ("    " if last else "│   ")
-        for k, child in enumerate(kids):
-            self._render(
-                child,
-                inner,
-                k == len(kids) - 1,
-                fields,
-                None if depth is None else depth - 1,
-                gpu,
-                lines,
-            )
+    def _shown(self, root, depth: int | None, gpu: bool) -> Iterator[tuple[str, Node, str, int]]:
+        """Each node shown, depth first: its thread's title when it is the first shown of
+        its thread (else ""), the node, the branch drawn before its name, and its level."""
+        for title, nodes in self._groups(root, gpu):
+            stack = [(n, "", k == len(nodes) - 1, 0) for k, n in enumerate(nodes)][::-1]
+            while stack:
+                node, prefix, last, level = stack.pop()
+                yield title, node, prefix + ("└── " if last else "├── "), level
+                title = ""
+                if depth is not None and level >= depth:
+                    continue
+                kids = [c for c in node.children if gpu or not c.is_gpu]
+                inner = prefix + ("    " if last else "│   ")
+                below = [(c, inner, k == len(kids) - 1, level + 1) for k, c in enumerate(kids)]
+                stack.extend(reversed(below))
 
     def html(self, root: Node | Sequence[Node] | None = None, **kw: Any) -> str:
         """The text rendering in a ``<pre>`` block, for notebooks and the site."""
@@ -658,6 +791,17 @@ class Tree:
 
     def _repr_html_(self) -> str:
         return f"<p>{escape(repr(self))}</p>"
+
+
+def _fields(node: Node, names: Sequence[str]) -> dict[str, Any]:
+    """The ``args`` entries among ``names`` that ``node`` has."""
+    found = {f: node.field(f) for f in names}
+    return {f: v for f, v in found.items() if v is not None}
+
+
+def _is_gpu_category(cat: str) -> bool:
+    """A kernel, memcpy, memset or GPU-side range."""
+    return cat in GPU_CATEGORIES or cat.startswith("gpu_")
 
 
 def _compact(value: Any) -> str:
@@ -686,34 +830,143 @@ def _matching(coded: tuple[np.ndarray, list], predicate: Callable[[Any], bool]) 
     return np.fromiter(map(predicate, distinct), bool, len(distinct))[codes]
 
 
-def _link_gpu(
-    args: Args,
-    candidates: np.ndarray,
-    is_gpu: np.ndarray,
-    start: np.ndarray,
-    parent: np.ndarray,
-) -> tuple[np.ndarray, int]:
-    """Parent every GPU event to its launch; return the mask of linked events and the number
-    of GPU events whose correlation id several launches share."""
-    links = _LINKS.decode(b"[" + b",".join(args.raws(candidates)) + b"]")
-    correlations = list(map(attrgetter("correlation"), links))
-    correlated = np.fromiter(map(is_not, correlations, repeat(None)), bool, len(links))
-    ids = candidates[correlated]
-    corr = np.fromiter(compress(correlations, correlated), np.int64, len(ids))
-    on_gpu = is_gpu[ids]
-    launches, gpu = ids[~on_gpu], ids[on_gpu]
-    by_corr = np.argsort(corr[~on_gpu], kind="stable")
-    launch_corr = corr[~on_gpu][by_corr]
-    first = np.searchsorted(launch_corr, corr[on_gpu], side="left")
-    count = np.searchsorted(launch_corr, corr[on_gpu], side="right") - first
-    linked = np.zeros(len(is_gpu), dtype=bool)
-    linked[gpu[count > 0]] = True
-    parent[gpu[count == 1]] = launches[by_corr[first[count == 1]]]
-    for i, lo, n in zip(gpu[count > 1].tolist(), first[count > 1], count[count > 1], strict=True):
-        found = launches[by_corr[lo : lo + n]].tolist()
-        before = [j for j in found if start[j] <= start[i]]
-        parent[i] = max(before, key=lambda j: start[j]) if before else found[0]
-    return linked, int((count > 1).sum())
+class _Links(NamedTuple):
+    """GPU events and launches, each with a key (a flow id or a correlation id, as codes)."""
+
+    gpu: np.ndarray
+    gpu_key: np.ndarray
+    launch: np.ndarray
+    launch_key: np.ndarray
+
+
+def _by_key(ids: np.ndarray, keys: list) -> tuple[np.ndarray, np.ndarray, list]:
+    """The ``ids`` whose key is not None, and their keys as codes."""
+    has = np.fromiter(map(is_not, keys, repeat(None)), bool, len(keys))
+    code, values = codes(compress(keys, has), int(has.sum()))
+    return ids[has], code, values
+
+
+def _correlation_links(args: Args, gpu: np.ndarray, launch: np.ndarray) -> _Links:
+    """GPU events and launches keyed by the ``correlation`` in their ``args``."""
+    ids = np.concatenate((gpu, launch))
+    links = _LINKS.decode(b"[" + b",".join(args.raws(ids)) + b"]")
+    ids, key, _ = _by_key(ids, list(map(attrgetter("correlation"), links)))
+    on_gpu = np.isin(ids, gpu)
+    return _Links(ids[on_gpu], key[on_gpu], ids[~on_gpu], key[~on_gpu])
+
+
+def _bind(targets: np.ndarray, start: np.ndarray, thread: np.ndarray, at, on) -> np.ndarray:
+    """For each flow end at nanosecond ``at`` on thread ``on``, the first of ``targets`` on
+    that thread starting then, or -1."""
+    order = targets[np.argsort(start[targets], kind="stable")]
+    first = np.searchsorted(start[order], at, side="left")
+    count = np.searchsorted(start[order], at, side="right") - first
+    found = np.full(len(at), -1, dtype=np.int64)
+    one = np.flatnonzero(count == 1)
+    candidate = order[first[one]]
+    found[one] = np.where(thread[candidate] == on[one], candidate, -1)
+    for k in np.flatnonzero(count > 1).tolist():
+        same = [j for j in order[first[k] : first[k] + count[k]].tolist() if thread[j] == on[k]]
+        found[k] = same[0] if same else -1
+    return found
+
+
+def _flow_links(trace: Trace, gpu, launch, start, thread, base: int) -> _Links:
+    """GPU events and launches keyed by the ``ac2g`` flows bound to them."""
+    flows = trace.flows
+    pid = _Index((v, k) for k, v in enumerate(trace.pid.values))
+    tid = _Index((v, k) for k, v in enumerate(trace.tid.values))
+    pids = np.array([pid[v] for v in flows.pid.values], dtype=np.int64)[flows.pid.codes]
+    tids = np.array([tid[v] for v in flows.tid.values], dtype=np.int64)[flows.tid.codes]
+    known = (pids < len(trace.pid.values)) & (tids < len(trace.tid.values))
+    at = _absolute_ns(flows.ts) - base
+    on = np.where(known, pids * len(trace.tid.values) + tids, -1)
+    ends = []
+    for targets, side in ((gpu, ~flows.start), (launch, flows.start)):
+        bound = _bind(targets, start, thread, at[side], on[side])
+        ends.append((bound[bound >= 0], flows.key.codes[side][bound >= 0]))
+    (g, g_key), (la, la_key) = ends
+    return _Links(g, g_key, la, la_key)
+
+
+def _resolve(links: _Links, process: np.ndarray, n_proc: int, start: np.ndarray, pairs):
+    """Each GPU event's launch (-1 for none) and whether launches of several processes share
+    its key. A key whose launches are all in one process links there; a shared key links in
+    the GPU event's own process, else in the process ``pairs`` gives for its own. Within the
+    process, the latest launch that starts no later than the GPU event is taken (the first
+    when none does)."""
+    key, gpu = links.gpu_key, links.gpu
+    group = links.launch_key * n_proc + process[links.launch]
+    order = np.lexsort((start[links.launch], group))
+    groups = group[order]
+    present = np.unique(groups)
+    n_keys = max(int(key.max(initial=-1)), int(links.launch_key.max(initial=-1))) + 1
+    spread = np.bincount(present // n_proc, minlength=n_keys)
+    only = np.full(n_keys, -1, dtype=np.int64)
+    alone = spread[present // n_proc] == 1
+    only[present[alone] // n_proc] = present[alone] % n_proc
+    shared = spread[key] > 1
+    target = only[key]
+    for proc in (process[gpu], None if pairs is None else pairs[process[gpu]]):
+        if proc is not None:
+            found = shared & (target < 0) & (proc >= 0) & np.isin(key * n_proc + proc, present)
+            target[found] = proc[found]
+    want = key * n_proc + target
+    first = np.searchsorted(groups, want, side="left")
+    count = np.where(target >= 0, np.searchsorted(groups, want, side="right") - first, 0)
+    parent = np.full(len(gpu), -1, dtype=np.int64)
+    parent[count == 1] = links.launch[order[first[count == 1]]]
+    for i in np.flatnonzero(count > 1).tolist():
+        launches = links.launch[order[first[i] : first[i] + count[i]]]
+        before = int(np.searchsorted(start[launches], start[gpu[i]], side="right"))
+        parent[i] = launches[max(before - 1, 0)]
+    return parent, shared
+
+
+def _pairs(gpu: np.ndarray, parent: np.ndarray, shared: np.ndarray, process, n_proc: int):
+    """The launch process of each GPU process, from its links through unshared keys; -1
+    where there are none, -2 where there are several."""
+    sure = (parent >= 0) & ~shared
+    seen = np.unique(process[gpu[sure]] * n_proc + process[parent[sure]])
+    gpu_proc, launch_proc = seen // n_proc, seen % n_proc
+    counts = np.bincount(gpu_proc, minlength=n_proc)
+    pairs = np.where(counts > 1, -2, -1)
+    single = counts[gpu_proc] == 1
+    pairs[gpu_proc[single]] = launch_proc[single]
+    return pairs
+
+
+def _link_gpu(trace: Trace, gpu, launch, start, thread, base: int, parent: np.ndarray):
+    """Parent every GPU event in ``gpu`` to its launch among ``launch`` (see the module
+    docs); return the mask of linked events, and the number of GPU events whose key
+    launches of several processes share, and of those left unlinked."""
+    process, n_proc = trace.pid.codes, max(len(trace.pid.values), 1)
+    sources = (
+        _flow_links(trace, gpu, launch, start, thread, base),
+        _correlation_links(trace.args, gpu, launch),
+    )
+    found = [_resolve(links, process, n_proc, start, None) for links in sources]
+    pairs = np.full(n_proc, -1, dtype=np.int64)
+    for links, (got, shared) in zip(sources, found, strict=True):
+        learned = _pairs(links.gpu, got, shared, process, n_proc)
+        agree = (learned == -1) | (learned == pairs)
+        pairs = np.where(pairs == -1, learned, np.where(agree, pairs, -2))
+    n = len(parent)
+    link, flow_bound, is_shared = (
+        np.full(n, -1, dtype=np.int64),
+        np.zeros(n, bool),
+        np.zeros(n, bool),
+    )
+    for links, is_flow in zip(sources, (True, False), strict=True):
+        got, shared = _resolve(links, process, n_proc, start, np.maximum(pairs, -1))
+        fill = ~flow_bound[links.gpu]
+        link[links.gpu[fill]] = got[fill]
+        is_shared[links.gpu] |= shared & fill
+        if is_flow:
+            flow_bound[links.gpu[got >= 0]] = True
+    linked = link >= 0
+    parent[linked] = link[linked]
+    return linked, int(is_shared.sum()), int((is_shared & ~linked).sum())
 
 
 def _nest_in_stack(start: list[int], end: list[int]) -> tuple[list[int], list[int], Counter]:
@@ -808,15 +1061,27 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     is_gpu = np.isin(cat, [k for k, c in enumerate(cats) if c in GPU_CATEGORIES])
     runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in _RUNTIME_CATEGORIES])
     rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int64)[cat]
-    ts, dur = trace.ts, trace.dur
-    if n and (not np.isfinite(ts).all() or not np.isfinite(dur).all() or (dur < 0).any()):
+    timed = ~(np.isnan(trace.ts) | np.isnan(trace.dur))
+    ts, dur = np.where(timed, trace.ts, 0.0), np.where(timed, trace.dur, 0.0)
+    if not (np.isfinite(ts).all() and np.isfinite(dur).all() and (dur >= 0).all()):
         raise MPGuideError(f"{trace.source or 'trace'}: an event has a non-finite or negative time")
-    start, end = _nanoseconds(ts, dur)
-    parent = np.full(n, -1, dtype=np.int64)
-    linked, shared = _link_gpu(
-        trace.args, np.flatnonzero(included & (is_gpu | runtime)), is_gpu, start, parent
-    )
+    absolute = _absolute_ns(ts)
+    base = int(absolute[timed].min()) if timed.any() else 0
+    start = absolute - base
+    end = start + np.rint(dur * 1000.0).astype(np.int64)
+    no_time = int((included & ~timed).sum())
+    included &= timed
     thread = trace.pid.codes * len(trace.tid.values) + trace.tid.codes
+    parent = np.full(n, -1, dtype=np.int64)
+    linked, shared, ambiguous = _link_gpu(
+        trace,
+        np.flatnonzero(included & is_gpu),
+        np.flatnonzero(included & runtime),
+        start,
+        thread,
+        base,
+        parent,
+    )
 
     nested = np.flatnonzero(included & ~linked)
     nested = _time_order(nested, start, end, rank, thread)
@@ -836,8 +1101,11 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
         touching=seen["touching"],
         identical=seen["identical"],
         shared_correlation=shared,
+        ambiguous_gpu=ambiguous,
         unlinked_gpu=int((is_gpu & included & ~linked).sum()),
-        left_out=int(n - included.sum()),
+        no_time=no_time,
+        replaced=trace.replaced,
+        left_out=int(n - included.sum()) - no_time,
     )
     return Tree(trace, included, parent, depth, order, anomalies, is_gpu)
 

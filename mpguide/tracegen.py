@@ -5,7 +5,9 @@
 shapes and argument lists like a real export, ``ProfilerStep#N`` ranges, and optionally a
 ``python_function`` layer, GPU kernels with their launches and flow events, several
 threads. Each generated event records the index of the event it was nested in (``parent``),
-so a test can check a tree against the truth. :func:`write` streams a trace to disk.
+so a test can check a tree against the truth. Traces of several ranks, merged, come from one
+:func:`generate` per rank with its own process ids, clock offset and first correlation id.
+:func:`write` streams a trace to disk.
 """
 
 from __future__ import annotations
@@ -182,11 +184,14 @@ class _Writer:
         python: bool,
         gpu: bool,
         counters: dict[str, int],
+        gpu_pid: int,
+        now: int,
     ):
         self.rng, self.pid, self.tid = rng, pid, tid
         self.python, self.gpu, self.counters = python, gpu, counters
-        self.now = 0
-        self.gpu_now = 0
+        self.gpu_pid = gpu_pid
+        self.now = now
+        self.gpu_now = now
 
     def _next(self, key: str) -> int:
         self.counters[key] += 1
@@ -253,7 +258,7 @@ class _Writer:
             ph="X",
             cat="kernel",
             name=kernel_name,
-            pid=GPU_PID,
+            pid=self.gpu_pid,
             tid=GPU_TID,
             ts=start,
             dur=dur,
@@ -277,7 +282,7 @@ class _Writer:
             cat="ac2g",
             name="ac2g",
             bp="e",
-            pid=GPU_PID,
+            pid=self.gpu_pid,
             tid=GPU_TID,
             ts=start,
             args=None,
@@ -316,16 +321,25 @@ def generate(
     rows: int = 512,
     width: int = 1024,
     seed: int = 0,
+    pid: int = 1000,
+    gpu_pid: int = GPU_PID,
+    correlation: int = 0,
+    offset_ns: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """Events of a synthetic trace with about ``ops`` cpu_op events (whole layers).
 
     Each event is a dict in chrome-trace form plus ``parent``: the index of the event it
     nests in (-1 for a root, -2 for a flow event, which is not a node). Flow and GPU events
-    follow the CPU events they belong to, so indices increase in file order.
+    follow the CPU events they belong to, so indices increase in file order. The CPU events
+    are in process ``pid``, the GPU events in ``gpu_pid``; correlation ids start after
+    ``correlation``; the clock starts at ``offset_ns``.
     """
     rng = random.Random(seed)
-    counters = {"external": 0, "correlation": 0, "python": 0, "sequence": 0}
-    writers = [_Writer(rng, 1000, 1000 + t, python, gpu, counters) for t in range(threads)]
+    counters = {"external": 0, "correlation": correlation, "python": 0, "sequence": 0}
+    writers = [
+        _Writer(rng, pid, 1000 + t, python, gpu, counters, gpu_pid, offset_ns)
+        for t in range(threads)
+    ]
     produced = 0
     offset = 0
     step = 0

@@ -206,17 +206,112 @@ def test_a_graph_launch_fans_out_to_all_its_kernels():
     assert tree.node(0).gpu_time == 60.0
 
 
-def test_merged_ranks_with_colliding_correlation_ids():
+def flow(ph, ts, key, pid, tid):
+    return {"ph": ph, "cat": "ac2g", "name": "ac2g", "id": key, "pid": pid, "tid": tid, "ts": ts}
+
+
+def steps(events, keep):
+    """The events of the profiler steps numbered in ``keep``, parents renumbered."""
+    step = np.cumsum([e["name"].startswith("ProfilerStep#") for e in events]) - 1
+    kept = [k for k in range(len(events)) if step[k] in keep]
+    new = {k: i for i, k in enumerate(kept)}
+    return [
+        {**events[k], "parent": new.get(events[k]["parent"], events[k]["parent"])} for k in kept
+    ]
+
+
+def two_ranks(shifted_windows):
+    """Two ranks of the same program merged into one trace, with colliding correlation ids:
+    rank 1 runs 1.5 us behind rank 0, so each of rank 0's kernels starts after rank 1's
+    launch with its id. With ``shifted_windows`` the ranks' profiled windows differ by one
+    step, so each rank also has ids of its own."""
+    ranks = [
+        list(
+            tracegen.generate(
+                3 * tracegen._LAYER_OPS,
+                gpu=True,
+                layers_per_step=1,
+                pid=10 + r,
+                gpu_pid=r,
+                offset_ns=1_500 * r,
+            )
+        )
+        for r in range(2)
+    ]
+    if shifted_windows:
+        ranks = [steps(ranks[0], {0, 1}), steps(ranks[1], {1, 2})]
+    merged = ranks[0] + [
+        {**e, "parent": e["parent"] + len(ranks[0]) if e["parent"] >= 0 else e["parent"]}
+        for e in ranks[1]
+    ]
+    doc = {"traceEvents": [tracegen._json(e) for e in merged]}
+    return merged, trace.parse(json.dumps(doc).encode()).tree()
+
+
+def check_against_truth(generated, tree, kernels_linked=True):
+    nodes = [k for k, e in enumerate(generated) if e["ph"] == "X"]
+    node_of = {k: i for i, k in enumerate(nodes)}
+    for k in nodes:
+        want = generated[k]["parent"]
+        if generated[k]["cat"] == "kernel" and not kernels_linked:
+            want = -1
+        assert tree.parent[node_of[k]] == (node_of[want] if want >= 0 else -1)
+
+
+@pytest.mark.parametrize("drop_flows", [False, True])
+def test_merged_ranks_with_colliding_ids_link_within_their_rank(drop_flows):
+    generated, _ = two_ranks(shifted_windows=True)
+    kept = [e for e in generated if not (drop_flows and e["cat"] == "ac2g")]
+    doc = {"traceEvents": [tracegen._json(e) for e in kept]}
+    tree = trace.parse(json.dumps(doc).encode()).tree()
+    kernels = sum(e["cat"] == "kernel" for e in generated)
+    assert tree.anomalies.shared_correlation == kernels // 2  # the step both ranks profiled
+    assert tree.anomalies.ambiguous_gpu == 0 and tree.anomalies.unlinked_gpu == 0
+    check_against_truth(generated, tree)
+    gpu_time = [sum(n.gpu_time for n in roots) for roots in tree.roots().values()]
+    assert min(gpu_time) > 0
+
+
+def test_merged_ranks_whose_ids_all_collide_leave_kernels_unlinked():
+    generated, tree = two_ranks(shifted_windows=False)
+    kernels = sum(e["cat"] == "kernel" for e in generated)
+    assert tree.anomalies.shared_correlation == kernels
+    assert tree.anomalies.ambiguous_gpu == tree.anomalies.unlinked_gpu == kernels
+    check_against_truth(generated, tree, kernels_linked=False)
+    assert placed_once(tree)
+
+
+def test_flow_ids_decide_where_correlation_ids_collide():
     tree = tree_of(
         launch(BASE, 1, pid=10),
-        launch(BASE + 1000, 1, pid=20),
+        launch(BASE + 1, 1, pid=20),
         kernel(BASE + 10, 1, pid=0),
-        kernel(BASE + 1010, 1, pid=1),
+        kernel(BASE + 11, 1, pid=1),
+        flow("s", BASE, 101, 10, 1),
+        flow("s", BASE + 1, 201, 20, 1),
+        flow("f", BASE + 10, 101, 0, 7),
+        flow("f", BASE + 11, 201, 1, 7),
     )
-    assert tree.node(2).parent.id == 0
-    assert tree.node(3).parent.id == 1
-    assert tree.anomalies.shared_correlation == 2
+    assert tree.node(2).parent.id == 0 and tree.node(3).parent.id == 1
+    assert tree.anomalies.shared_correlation == tree.anomalies.unlinked_gpu == 0
     assert placed_once(tree)
+
+
+def test_colliding_ids_link_in_the_kernels_own_process():
+    tree = tree_of(
+        launch(BASE, 1, pid="rank0"),
+        launch(BASE + 1, 1, pid="rank1"),
+        kernel(BASE + 10, 1, pid="rank0"),
+        kernel(BASE + 11, 1, pid="rank1"),
+    )
+    assert tree.node(2).parent.id == 0 and tree.node(3).parent.id == 1
+    assert tree.anomalies.shared_correlation == 2 and tree.anomalies.ambiguous_gpu == 0
+
+
+def test_repeated_ids_in_one_process_take_the_latest_earlier_launch():
+    tree = tree_of(launch(BASE, 1), launch(BASE + 50, 1), kernel(BASE + 60, 1))
+    assert tree.node(2).parent.id == 1
+    assert tree.anomalies.shared_correlation == 0
 
 
 # Reading files
@@ -320,9 +415,36 @@ def test_events_are_a_sequence():
         tr.events[2]
 
 
-def test_missing_file(tmp_path):
+def test_missing_file_and_directory(tmp_path):
     with pytest.raises(MPGuideError, match="no such file"):
         trace.load(tmp_path / "absent.json")
+    with pytest.raises(MPGuideError, match="is a directory"):
+        trace.load(tmp_path)
+
+
+def test_bytes_that_are_not_utf8_are_replaced_and_counted(tmp_path):
+    good = json.dumps({"traceEvents": [op("py(1): f", BASE, 10.0, cat="python_function")]})
+    bad = good.encode().replace(b"py(1)", b"py\xff\xfe(1)").replace(b"{}", b'{"x": "\xc3"}')
+    for name, data in (("t.json", bad), ("t.json.gz", gzip.compress(bad))):
+        (tmp_path / name).write_bytes(data)
+        tr = trace.load(tmp_path / name)
+        assert tr.replaced == 3 and tr.events[0].name == "py\ufffd\ufffd(1): f"
+        tree = tr.tree(python=False)
+        assert tree.anomalies.replaced == 3 and tree.anomalies.left_out == 1
+        assert tr.tree(python=True).node(0).args == {"x": "\ufffd"}
+    assert trace.parse(good.replace("py(1)", "py\ufffd(1)").encode()).replaced == 0
+
+
+def test_events_without_times_are_counted_and_left_out():
+    timed = op("a", BASE, 10.0)
+    no_dur = {k: v for k, v in op("b", BASE + 1, 1.0).items() if k != "dur"}
+    no_ts = {k: v for k, v in op("c", BASE + 2, 1.0).items() if k != "ts"}
+    tree = tree_of(timed, no_dur, no_ts, op("d", BASE + 3, 1.0))
+    assert tree.anomalies.no_time == 2 and tree.anomalies.total() == 2
+    assert [n.name for n in tree.find()] == ["a", "d"] and tree.node(3).parent.name == "a"
+    assert len(tree) == 2 and "no time 2" in repr(tree)
+    with pytest.raises(MPGuideError, match="no node with id 1"):
+        tree.node(1)
 
 
 # Finding and rendering
