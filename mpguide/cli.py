@@ -55,10 +55,16 @@ def _formats(args: argparse.Namespace) -> str:
 
 
 def _tree(args: argparse.Namespace) -> str:
+    import dataclasses
+
+    import msgspec
+
     from mpguide import trace
 
     if args.depth is not None and args.depth < 0:
         raise MPGuideError(f"--depth must be 0 or more, got {args.depth}")
+    if args.limit < 0:
+        raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
     tree = trace.load(args.trace).tree(python=args.python)
     if args.id is not None:
         roots = tree.find(id=args.id)
@@ -70,14 +76,34 @@ def _tree(args: argparse.Namespace) -> str:
     else:
         roots = None
     fields = [f.strip() for f in args.fields.split(",") if f.strip()]
-    body = tree.render(roots, fields=fields, depth=args.depth, gpu=args.gpu)
-    return f"{body}\n{tree.anomalies!r}"
+    shape = {"depth": args.depth, "gpu": args.gpu}
+    total, limit = tree.count(roots, **shape), args.limit or None
+    shown = min(total, limit or total)
+    if args.format == "json":
+        doc = {
+            "source": str(args.trace),
+            "nodes": tree.nested(roots, fields=fields, limit=limit, **shape),
+            "shown": shown,
+            "total": total,
+            "anomalies": dataclasses.asdict(tree.anomalies),
+        }
+        return msgspec.json.encode(doc).decode()
+    lines = [tree.render(roots, fields=fields, limit=limit, **shape)]
+    if shown < total:
+        lines.append(
+            f"... {total - shown:,} more nodes not shown ({shown:,} of {total:,}): "
+            "--limit 0 shows all; --depth, --op or --id narrows"
+        )
+    return "\n".join([*lines, repr(tree.anomalies)])
 
 
 def _casts(args: argparse.Namespace) -> str:
     from mpguide import trace
 
-    report = trace.casts(trace.load(args.trace).tree())
+    tree = trace.load(args.trace).tree()
+    for loss in tree.anomalies.losses():
+        print(f"mpguide: note: {loss}", file=sys.stderr)
+    report = trace.casts(tree)
     if args.by == "cast":
         return report.table().render(args.format)
     return report.summary(args.by).render(args.format)
@@ -187,8 +213,22 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated event args to show (default: %(default)s)",
     )
     s.add_argument("--depth", type=int, help="levels shown below each root (default: all)")
+    s.add_argument(
+        "--limit",
+        type=int,
+        default=2000,
+        help="most nodes shown, depth first, so that a trace of millions of events prints in "
+        "seconds; a last line says how many more there are (default %(default)s; 0 for all)",
+    )
     s.add_argument("--python", action="store_true", help="include python_function events")
     s.add_argument("--gpu", action="store_true", help="show GPU kernels and memcpys")
+    s.add_argument(
+        "--format",
+        default="text",
+        choices=("text", "json"),
+        help="a text tree (default) or JSON: nested nodes with their fields, the counts of "
+        "nodes shown and in all, and the anomalies",
+    )
     s.set_defaults(run=_tree)
 
     s = sub.add_parser(

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import mpguide_process
 
+from mpguide import tracegen
 from mpguide.cli import main
 
 DATA = Path(__file__).parent / "data"
@@ -28,6 +29,56 @@ def test_tree_by_id(capsys):
     assert main(["tree", MATMUL, "--op", "aten::matmul"]) == 0
     assert main(["tree", MATMUL, "--id", "0", "--fields", ""]) == 0
     assert capsys.readouterr().out.count("ProfilerStep#") == 1
+
+
+def test_tree_is_limited_and_says_what_it_left_out(tmp_path, capsys):
+    path = tracegen.write(tmp_path / "t.json", 300)
+    assert main(["tree", str(path), "--fields", ""]) == 0
+    whole = capsys.readouterr().out.splitlines()
+    assert main(["tree", str(path), "--fields", "", "--limit", "50"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    total = len(whole) - 2  # less the thread title and the anomalies
+    assert lines[:51] == whole[:51]
+    assert lines[-2] == f"... {total - 50:,} more nodes not shown (50 of {total:,}): " + (
+        "--limit 0 shows all; --depth, --op or --id narrows"
+    )
+    assert main(["tree", str(path), "--limit", "0", "--fields", ""]) == 0
+    assert capsys.readouterr().out.splitlines() == whole
+
+
+def test_tree_as_json(tmp_path, capsys):
+    assert main(["tree", MATMUL, "--op", "aten::matmul", "--depth", "1", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (matmul,) = [n for n in doc["nodes"] if n["fields"]["Input type"][1] == "float"]
+    assert matmul["name"] == "aten::matmul" and matmul["dur"] > 0
+    assert [c["name"] for c in matmul["children"]] == ["aten::to", "aten::matmul"]
+    assert all(c["children"] == [] for c in matmul["children"])
+    assert doc["shown"] == doc["total"] == 3 * len(doc["nodes"])
+    assert doc["anomalies"]["overlaps"] == 0
+    assert main(["tree", MATMUL, "--format", "json", "--limit", "5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["shown"] == 5 < doc["total"]
+
+
+def test_undecodable_bytes_and_missing_times_are_counted(tmp_path, capsys):
+    event = {"ph": "X", "cat": "python_function", "name": "a.py(1): f", "pid": 1, "tid": 1}
+    doc = {"traceEvents": [{**event, "ts": 1.0, "dur": 2.0}, {**event, "ts": 2.0}]}
+    path = tmp_path / "t.json"
+    path.write_bytes(json.dumps(doc).encode().replace(b"a.py", b"a\xff.py"))
+    assert main(["tree", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "replaced 2" in out and "no time 0" in out and "left out 2" in out
+    assert main(["casts", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("0 casts") and captured.err == (
+        "mpguide: note: 2 invalid UTF-8 sequences replaced by U+FFFD\n"
+    )
+    assert main(["tree", str(path), "--python"]) == 0
+    assert "a\ufffd.py(1): f" in capsys.readouterr().out
+    proc = mpguide_process("tree", str(path), "--python", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    anomalies = json.loads(proc.stdout)["anomalies"]
+    assert anomalies["no_time"] == 1 and anomalies["replaced"] == 2
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
@@ -53,12 +104,15 @@ def test_casts_summary(capsys):
     [
         (["casts"], None, "no such file"),
         (["tree"], None, "no such file"),
+        (["casts"], None, "is a directory"),
         (["casts"], b'{"traceEvents": [', "not valid JSON"),
         (["tree"], b"<html>", "not valid JSON"),
         (["casts"], b'{"a": 1}', "not a chrome trace"),
         (["tree", "--id", "999"], b'{"traceEvents": []}', "no node with id 999"),
         (["tree", "--op", "aten::nope"], b'{"traceEvents": []}', "no op named 'aten::nope'"),
         (["tree", "--depth", "-1"], b'{"traceEvents": []}', "--depth must be 0 or more"),
+        (["tree", "--limit", "-1"], b'{"traceEvents": []}', "--limit must be 0"),
+        (["tree", "--format", "html"], b'{"traceEvents": []}', "invalid choice: 'html'"),
         (["casts", "--format", "xml"], b'{"traceEvents": []}', "invalid choice: 'xml'"),
     ],
 )
@@ -66,6 +120,8 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path, capsys, argv, content, 
     path = tmp_path / "trace.json"
     if content is not None:
         path.write_bytes(content)
+    if message == "is a directory":
+        path.mkdir()
     assert main([argv[0], str(path), *argv[1:]]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
