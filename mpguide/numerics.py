@@ -13,17 +13,18 @@ and compares with the float64 product of the same inputs. Modes:
 
 from __future__ import annotations
 
-import statistics
-import time
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
-from mpguide import MPGuideError, formats, switches
+from mpguide import MPGuideError, error_line, formats, switches, timing
 from mpguide import device as _device
 from mpguide.table import Table
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODES = ("fp32", "tf32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 HARDWARE, EMULATED, NO_EFFECT = "hardware", "emulated", "switch had no effect"
@@ -62,25 +63,6 @@ def errors(approx: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
         rms=diff.square().mean().sqrt().item(),
         mean=diff.mean().item(),
     )
-
-
-def _seconds(fn: Callable[[], torch.Tensor], dev: torch.device, repeats: int) -> float:
-    """Median time of ``fn`` after one warm-up run: CUDA events on a GPU, a wall clock else."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(dev)
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 @dataclass(frozen=True)
@@ -142,7 +124,8 @@ class MatmulErrors:
             "TFLOP/s",
         )
         note = (
-            f"'{EMULATED}': inputs rounded to the format, products accumulated in IEEE fp32. "
+            f"'{EMULATED}': inputs rounded to the format, products accumulated in IEEE fp32 "
+            "(where a hardware path failed, the row says why). "
             f"'{NO_EFFECT}': results bit-identical to the fp32 row. Seconds: median after "
             "warm-up, hardware rows only."
         )
@@ -184,9 +167,9 @@ def _fp8_operands(a: torch.Tensor, b: torch.Tensor, dt: torch.dtype):
 Run = tuple[dict[str, str], Callable[[], torch.Tensor]]
 
 
-def _hardware(mode: str, a: torch.Tensor, b: torch.Tensor) -> Run | None:
-    """The switch settings and the call of ``mode``'s hardware path on ``a``'s device, or None
-    where this chapter emulates it."""
+def _hardware(mode: str, a: torch.Tensor, b: torch.Tensor) -> Run | str | None:
+    """The switch settings and the call of ``mode``'s hardware path on ``a``'s device; None
+    where there is no such path; why, where the path exists but failed."""
     dev = a.device
     if mode == "fp32":
         return {}, partial(torch.matmul, a, b)
@@ -200,11 +183,12 @@ def _hardware(mode: str, a: torch.Tensor, b: torch.Tensor) -> Run | None:
     fmt = formats.get(mode)
     if fmt.bits == 16:
         return {}, partial(torch.matmul, a.to(fmt.dtype), b.to(fmt.dtype))
-    if fmt.bits == 8 and torch.cuda.get_device_capability(dev) >= (8, 9):
+    capability = torch.cuda.get_device_capability(dev)
+    if fmt.bits == 8 and capability >= (8, 9):
         try:
             _scaled_mm(*_fp8_operands(a[:16, :16], b[:16, :16], fmt.dtype))
-        except RuntimeError:
-            return None
+        except RuntimeError as err:
+            return f"torch._scaled_mm raised {error_line(err)}"
         return {}, partial(_scaled_mm, *_fp8_operands(a, b, fmt.dtype))
     return None
 
@@ -243,15 +227,19 @@ def matmul_errors(
         ref = a.double() @ b.double()
         fp32_out = None
         for mode in modes:
-            run = None if emulate and not mode.startswith("fp32") else _hardware(mode, a, b)
-            if run is None:
+            asked = emulate and not mode.startswith("fp32")
+            run = None if asked else _hardware(mode, a, b)
+            if run is None or isinstance(run, str):
                 fmt = formats.get(mode)
-                out, how, seconds = _matmul(fmt.round(a), fmt.round(b)), EMULATED, None
+                out, seconds = _matmul(fmt.round(a), fmt.round(b)), None
+                how = EMULATED if run is None else f"{EMULATED}: {run}"
+                if run is not None:
+                    log.info("%s at %s emulated because %s", mode, (m, k, n), run)
             else:
                 settings, call = run
                 with switches.precision({**switches.inheriting(), **settings}):
                     out, how = call(), HARDWARE
-                    seconds = _seconds(call, dev, repeats)
+                    seconds = timing.measure(call, dev, warmup=1, repeat=repeats).median
             if mode == "fp32":
                 fp32_out = out
             elif how == HARDWARE and out.dtype == fp32_out.dtype and torch.equal(out, fp32_out):

@@ -39,9 +39,21 @@ def test_cpu_table_emulates_low_precision_and_flags_dead_switches(cpu_table):
         assert row.how == numerics.EMULATED and row.seconds is None and row.tflops is None
     switch_rows = [r for r in cpu_table.rows if r.mode.startswith("fp32_precision=")]
     assert {r.mode for r in switch_rows} == set(numerics.switch_modes(torch.device("cpu")))
-    for row in switch_rows:
-        if row.how == numerics.NO_EFFECT:
-            assert row.stats == fp32.stats
+    # The CPU has no TF32: the switch is accepted and changes no bit.
+    assert cpu_table.row("fp32_precision=tf32").how == numerics.NO_EFFECT
+
+
+def test_a_hardware_path_that_fails_is_emulated_and_says_why(monkeypatch, caplog):
+    real = numerics._hardware
+
+    def failing(mode, a, b):
+        return real(mode, a, b) if mode.startswith("fp32") else "torch._scaled_mm raised X"
+
+    monkeypatch.setattr(numerics, "_hardware", failing)
+    table = numerics.matmul_errors([(4, 8, 2)], ["bfloat16"], dev="cpu", repeats=1)
+    row = table.row("bfloat16")
+    assert row.how == f"{numerics.EMULATED}: torch._scaled_mm raised X"
+    assert "bfloat16 at (4, 8, 2) emulated because torch._scaled_mm raised X" in caplog.text
 
 
 def test_error_ordering_follows_the_mantissa_widths(cpu_table):
