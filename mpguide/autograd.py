@@ -3,9 +3,9 @@
 - :func:`grad_graph` walks ``grad_fn`` from a tensor and gives the autograd graph as a tree:
   each node with the metadata autograd recorded for the gradients it receives (dtype, shape,
   device), and the parameters behind ``AccumulateGrad`` leaves named.
-- :class:`DtypeLog` is a ``TorchDispatchMode`` that records every ATen op run while it is
-  active, in forward and in backward, with input and output dtypes and shapes, and marks the
-  casts::
+- :class:`DtypeLog` is a :class:`mpguide.dtypes.Log` that records every ATen op run while it
+  is active, in forward and in backward, with input and output dtypes and shapes, and marks
+  the casts::
 
       with DtypeLog(model) as log:
           model(x).sum().backward()
@@ -34,18 +34,15 @@ from html import escape
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from mpguide import MPGuideError
+from mpguide import MPGuideError, dtypes
 from mpguide import device as _device
 from mpguide.table import Table
 
 FORWARD, BACKWARD = "forward", "backward"
 # Bookkeeping ops (``record_function`` markers that optimizers emit) the log leaves out.
-IGNORED_NAMESPACES = frozenset({"profiler"})
 # The ops that convert dtype, and which argument is the source (the output is the target).
-CAST_SOURCES = {"aten._to_copy.default": 0, "aten.copy_.default": 1, "aten.copy.default": 1}
 
 Params = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -266,7 +263,7 @@ class OpRecord:
     @property
     def source(self) -> Meta | None:
         """The converted tensor, for a cast op."""
-        i = CAST_SOURCES.get(self.op)
+        i = dtypes.source_index(self.op)
         return self.inputs[i] if i is not None and len(self.inputs) > i else None
 
     @property
@@ -305,7 +302,7 @@ def _metas(value: Any) -> tuple[Meta, ...]:
     return tuple(Meta.of(t) for t in tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
-class DtypeLog(TorchDispatchMode):
+class DtypeLog(dtypes.Log):
     """Records every ATen op run while active, with dtypes, shapes and phase; marks casts.
 
     Pass the model (or ``named_parameters()``) to name the parameters whose gradients a
@@ -335,24 +332,17 @@ class DtypeLog(TorchDispatchMode):
         fed = (_leaf_name(n, self._names) for n, _ in node.next_functions if n is not None)
         return ", ".join(name for name in fed if name is not None)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.namespace in IGNORED_NAMESPACES:
-            return out
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        super().record(func, args, kwargs, out)
         node = torch._C._current_autograd_node()
+        ins, outs = _metas((args, kwargs)), _metas(out)
         if node is None:
-            record = OpRecord(self._label, str(func), _metas((args, kwargs)), _metas(out))
+            self.records.append(OpRecord(self._label, str(func), ins, outs))
         else:
-            record = OpRecord(
-                BACKWARD,
-                str(func),
-                _metas((args, kwargs)),
-                _metas(out),
-                node.name(),
-                self._params_of(node),
+            name = node.name()
+            self.records.append(
+                OpRecord(BACKWARD, str(func), ins, outs, name, self._params_of(node))
             )
-        self.records.append(record)
-        return out
 
     def select(self, phase: str | None = None, casts: bool = False) -> list[OpRecord]:
         """The records of one phase (or all), optionally only the casts."""

@@ -7,6 +7,7 @@ it inserts and the ``dtype=`` arguments it adds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,6 +30,17 @@ CONVERSIONS = frozenset(
 """The ATen overloads that convert a tensor to another dtype (``copy`` into a buffer of
 another dtype included)."""
 
+IGNORED_NAMESPACES = frozenset({"prim", "profiler"})
+"""Ops no log records: metadata queries (``prim.device``) and profiler ranges."""
+
+
+def source_index(op: str) -> int | None:
+    """Which tensor argument of conversion ``op`` is converted: the second for ``copy``
+    (``copy(dst, src)``), else the first; ``None`` when ``op`` is no conversion."""
+    if op not in CONVERSIONS:
+        return None
+    return 1 if op.startswith("aten.copy") else 0
+
 
 @dataclass(frozen=True)
 class Call:
@@ -43,9 +55,10 @@ class Call:
     @property
     def conversion(self) -> tuple[torch.dtype, torch.dtype] | None:
         """``(source, target)`` when this call converts between two floating dtypes."""
-        if self.op not in CONVERSIONS or self.out is None or not self.ins:
+        i = source_index(self.op)
+        if i is None or self.out is None or len(self.ins) <= i:
             return None
-        src = self.ins[-1] if self.op.startswith("aten.copy") else self.ins[0]
+        src = self.ins[i]
         if src != self.out and src.is_floating_point and self.out.is_floating_point:
             return src, self.out
         return None
@@ -61,7 +74,9 @@ class Call:
 
 
 class Log(TorchDispatchMode):
-    """Records every op that reaches the dispatcher inside it, as :class:`Call` objects."""
+    """Records every op that reaches the dispatcher inside it, as :class:`Call` objects.
+
+    Subclasses keep other records by overriding :meth:`record`."""
 
     def __init__(self):
         super().__init__()
@@ -70,12 +85,16 @@ class Log(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func.namespace not in IGNORED_NAMESPACES:
+            self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Keep one op that ran: ``func(*args, **kwargs)`` returned ``out``."""
         ins = tuple(a.dtype for a in tree_leaves(args) if isinstance(a, torch.Tensor))
         given = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.dtype)), None)
         outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
-        if not str(func).startswith("prim."):  # metadata queries such as prim.device
-            self.calls.append(Call(str(func), ins, given, outs[0].dtype if outs else None))
-        return out
+        self.calls.append(Call(str(func), ins, given, outs[0].dtype if outs else None))
 
     def conversions(self) -> list[tuple[torch.dtype, torch.dtype]]:
         """The floating-point conversions logged, in order."""
