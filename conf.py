@@ -10,6 +10,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs"))
 # Compiled examples reuse inductor's cache across builds; it lives with the build's outputs.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / "build" / "inductor_cache"))
+# Pages show the GPU recordings of docs/recorded/ beside their live results.
+os.environ.setdefault("MPGUIDE_RECORDED", str(ROOT / "docs" / "recorded"))
 
 _needed = {
     "sphinx_gallery": "sphinx-gallery",

@@ -107,9 +107,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def record(session: nox.Session) -> None:
-    """Record the guide's GPU measurements into docs/recorded/ (``-- --allow-cpu`` on a CPU)."""
+    """Record the site's GPU measurements into docs/recorded/ (``-- --allow-cpu`` on a CPU)."""
     _install(session)
-    session.run("python", "-m", "mpguide", "record", *session.posargs)
+    out = ROOT / "docs" / "recorded"
+    session.run("python", "docs/site_recordings.py", "--out", str(out), *session.posargs)
 
 
 @nox.session(default=False)

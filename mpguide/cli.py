@@ -7,7 +7,6 @@ with one line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Sequence
 
@@ -29,23 +28,6 @@ def _policy(args: argparse.Namespace) -> str:
         return policy.across(args.dtype, simulate=args.simulate).table().render(args.format)
     target = device.target(args.device, simulate=args.simulate)
     return policy.probe(target, args.dtype).table().render(args.format)
-
-
-def _record(args: argparse.Namespace) -> str:
-    from mpguide import device, record
-
-    dev = device.resolve(args.device) if args.device else device.pick()
-    if dev.type != "cuda" and not args.allow_cpu:
-        raise MPGuideError(
-            f"no CUDA GPU here ({dev.type}): recordings are for GPU machines; "
-            "pass --allow-cpu to record this CPU"
-        )
-    command = " ".join(["python -m mpguide", shlex.join(args.argv)])
-    rec = record.measure(
-        dev, command, args.only, progress=lambda msg: print(msg, file=sys.stderr, flush=True)
-    )
-    out = args.out or record.DIRECTORY / f"{record.slug(rec.provenance)}.json"
-    return f"wrote {record.save(rec, out)}"
 
 
 def _formats(args: argparse.Namespace) -> str:
@@ -177,18 +159,6 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=_policy)
 
     s = sub.add_parser(
-        "record",
-        help="record the guide's GPU measurements into a JSON file",
-        description="Run the guide's measurements on this machine's GPU and "
-        "write them, with their provenance, to a JSON file the site shows.",
-    )
-    s.add_argument("--out", help="the JSON file (default: docs/recorded/<device name>.json)")
-    s.add_argument("--only", nargs="+", metavar="KEY", help="measure only these keys")
-    s.add_argument("--device", help="the device to record (default: cuda when present)")
-    s.add_argument("--allow-cpu", action="store_true", help="record on a CPU")
-    s.set_defaults(run=_record)
-
-    s = sub.add_parser(
         "formats",
         help="the floating-point formats of the installed torch",
         description="Bits, range and precision of fp64, fp32, TF32, bf16, fp16 "
@@ -278,7 +248,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     try:
         args = parser().parse_args(argv)
-        args.argv = list(sys.argv[1:] if argv is None else argv)
         out = args.run(args)
     except (MPGuideError, OSError) as err:
         print(f"mpguide: error: {err}", file=sys.stderr)

@@ -1,8 +1,9 @@
-"""Recorded results: measurements taken on another machine (a GPU), with their provenance.
+"""Recorded results: tables measured on another machine (a GPU), with their provenance.
 
-``python -m mpguide record`` runs the measurements of :data:`MEASUREMENTS` on this machine and
-writes one JSON file; pages show those recorded tables beside what the build measured live,
-so a site built on a CPU still shows what a GPU does.
+A recording is one JSON file: its :class:`Provenance` and tables by key. :func:`measure` runs a
+set of measurements and :func:`save` writes them; :func:`beside` shows a live table with every
+recording of the same key, so a page built on a CPU still shows what a GPU measured. What the
+site records, and where, lives with the site (``docs/site_recordings.py``, ``nox -s record``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from html import escape
 from pathlib import Path
@@ -24,96 +25,8 @@ from mpguide import device as _device
 from mpguide.table import Table, _plain
 
 SCHEMA = 1
-DIRECTORY = Path(__file__).resolve().parents[1] / "docs" / "recorded"
-
-
-def _policy(dtype: torch.dtype) -> Callable[[torch.device], Table]:
-    def measure(dev: torch.device) -> Table:
-        from mpguide import policy
-
-        return policy.probe(dev, dtype).table()
-
-    return measure
-
-
-#: The matmul sizes of the error table; a GPU adds the full 10240 x 51200 x 10240 product.
-MATMUL_SHAPES = ((256, 2048, 256), (128, 8192, 128))
-FULL_MATMUL = (10240, 51200, 10240)
-
-
-def _matmul_errors(dev: torch.device) -> Table:
-    from mpguide import numerics
-
-    shapes = MATMUL_SHAPES + ((FULL_MATMUL,) if dev.type == "cuda" else ())
-    return numerics.matmul_errors(shapes, dev=dev).table()
-
-
-def _matmul_into_fp32(x, y, bias):
-    out = torch.empty(32, 7, 1, 1, dtype=torch.float32, device=x.device)
-    return torch.matmul(x, y, out=out) + bias
-
-
-def _compile_backends(dev: torch.device) -> Table:
-    from mpguide import graphs
-
-    gen = torch.Generator(device=dev).manual_seed(0)
-    args = tuple(
-        torch.randn(*shape, device=dev, generator=gen).to(torch.bfloat16)
-        for shape in ((32, 7, 1, 8), (32, 7, 8, 1), (32, 7, 1, 1))
-    )
-
-    def exact(x, y, bias):
-        return torch.matmul(x.double(), y.double()) + bias.double()
-
-    return graphs.compare_backends(_matmul_into_fp32, args, reference=exact).table()
-
-
-def _encoder(dev: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
-    """A seeded transformer-encoder classifier and a batch for it: a size a GPU is timed on
-    meaningfully, and a small one on a CPU."""
-    from torch import nn
-
-    width, layers, length, batch = (1024, 4, 256, 64) if dev.type == "cuda" else (64, 2, 16, 16)
-    torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True)
-    model = nn.Sequential(
-        nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
-        nn.Flatten(),
-        nn.Linear(length * width, 10),
-    ).to(dev)
-    return model, torch.randn(batch, length, width, device=dev)
-
-
-def _training_step_casts(dev: torch.device) -> Table:
-    from mpguide import casts, profiling
-
-    model, x = _encoder(dev)
-    labels = torch.randint(0, 10, (x.shape[0],), device=dev)
-
-    def step():
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), labels)
-        loss.backward()
-
-    return casts.report(profiling.profile_fn(step, warmup=2).tree()).summary("cause")
-
-
-def _inference_variants(dev: torch.device) -> Table:
-    from mpguide import inference
-
-    model, x = _encoder(dev)
-    return inference.compare(model.eval(), x, inference.standard(dev), dev).table()
-
-
-#: What a recording measures: a key per table, and the function that measures it on a device.
-MEASUREMENTS: dict[str, Callable[[torch.device], Table]] = {
-    "autocast.policy.bfloat16": _policy(torch.bfloat16),
-    "autocast.policy.float16": _policy(torch.float16),
-    "numerics.matmul_errors": _matmul_errors,
-    "compile.matmul_into_fp32": _compile_backends,
-    "profiler.training_step_casts": _training_step_casts,
-    "inference.variants": _inference_variants,
-}
+ENVIRONMENT = "MPGUIDE_RECORDED"
+"""The variable naming the folder of recordings that :func:`beside` shows by default."""
 
 
 @dataclass(frozen=True)
@@ -193,20 +106,21 @@ def slug(p: Provenance) -> str:
 def measure(
     dev: torch.device,
     command: str,
+    measurements: Mapping[str, Callable[[torch.device], Table]],
     keys: Iterable[str] | None = None,
     progress: Callable[[str], None] = lambda msg: None,
 ) -> Recording:
-    """Run the measurements named by ``keys`` (default: all) on ``dev``."""
-    keys = list(MEASUREMENTS) if keys is None else list(keys)
-    unknown = [k for k in keys if k not in MEASUREMENTS]
+    """Run the ``measurements`` named by ``keys`` (default: all) on ``dev``."""
+    keys = list(measurements) if keys is None else list(keys)
+    unknown = [k for k in keys if k not in measurements]
     if unknown:
         raise MPGuideError(
-            f"unknown measurement {unknown[0]!r}; choose from {', '.join(MEASUREMENTS)}"
+            f"unknown measurement {unknown[0]!r}; choose from {', '.join(measurements)}"
         )
     tables = {}
     for i, key in enumerate(keys, 1):
         progress(f"[{i}/{len(keys)}] {key}")
-        tables[key] = MEASUREMENTS[key](dev)
+        tables[key] = measurements[key](dev)
     return Recording(provenance(dev, command), tables)
 
 
@@ -248,9 +162,12 @@ def load(path: Path | str) -> Recording:
 
 
 def recordings(directory: Path | str | None = None) -> list[Recording]:
-    """Every recording in ``directory`` (default: ``MPGUIDE_RECORDED`` or docs/recorded)."""
-    directory = Path(directory or os.environ.get("MPGUIDE_RECORDED") or DIRECTORY)
-    return [load(p) for p in sorted(directory.glob("*.json"))]
+    """Every recording in ``directory`` (default: the folder ``MPGUIDE_RECORDED`` names; none
+    when it is unset)."""
+    directory = directory or os.environ.get(ENVIRONMENT)
+    if not directory:
+        return []
+    return [load(p) for p in sorted(Path(directory).glob("*.json"))]
 
 
 @dataclass(frozen=True)
@@ -263,9 +180,12 @@ class Beside:
     machine: _device.Machine | None = None
 
     def _none(self) -> str:
+        where = os.environ.get(ENVIRONMENT)
+        if not where:
+            return f"No recording of {self.key!r}: set {ENVIRONMENT} to a folder of recordings."
         return (
-            f"No recording of {self.key!r} in {DIRECTORY.relative_to(DIRECTORY.parents[1])}/"
-            " yet: `nox -s record` on a GPU machine makes one."
+            f"No recording of {self.key!r} in {Path(where).name}/ yet: "
+            "`nox -s record` on a GPU machine makes one."
         )
 
     def _parts(self) -> list[tuple[str, Table]]:

@@ -3,10 +3,10 @@ import re
 from pathlib import Path
 
 import pytest
+import site_recordings
 import torch
 
 from mpguide import MPGuideError, record
-from mpguide.cli import main
 from mpguide.table import Table
 
 CPU = torch.device("cpu")
@@ -15,12 +15,16 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def tiny(monkeypatch):
     table = Table(("op", "dtype"), (("mm", torch.bfloat16),), "caption")
-    monkeypatch.setattr(record, "MEASUREMENTS", {"t.one": lambda dev: table})
+    monkeypatch.setattr(site_recordings, "MEASUREMENTS", {"t.one": lambda dev: table})
     return table
 
 
+def measure(keys=None):
+    return record.measure(CPU, "cmd", site_recordings.MEASUREMENTS, keys)
+
+
 def test_a_recording_round_trips_with_its_provenance(tmp_path, tiny):
-    rec = record.measure(CPU, "python -m mpguide record --allow-cpu")
+    rec = record.measure(CPU, "python -m mpguide record --allow-cpu", site_recordings.MEASUREMENTS)
     path = record.save(rec, tmp_path / "cpu.json")
     back = record.load(path)
     assert back.provenance == rec.provenance
@@ -31,7 +35,7 @@ def test_a_recording_round_trips_with_its_provenance(tmp_path, tiny):
 
 
 def test_the_schema_has_every_provenance_field(tmp_path, tiny):
-    doc = json.loads(record.measure(CPU, "cmd").to_json())
+    doc = json.loads(measure().to_json())
     assert doc["schema"] == record.SCHEMA
     assert set(doc["provenance"]) == {
         "device",
@@ -67,7 +71,7 @@ def test_a_missing_file_is_named(tmp_path):
 
 def test_unknown_keys_are_refused(tiny):
     with pytest.raises(MPGuideError, match="unknown measurement 'nope'"):
-        record.measure(CPU, "cmd", ["nope"])
+        measure(["nope"])
 
 
 def test_beside_shows_live_and_recorded_with_labels(tmp_path, tiny):
@@ -85,27 +89,34 @@ def test_beside_shows_live_and_recorded_with_labels(tmp_path, tiny):
     assert record.beside("t.other", None, directory=tmp_path).recorded == ()
 
 
-def test_the_cli_refuses_a_cpu_without_the_flag(capsys, tmp_path):
+def test_the_site_script_refuses_a_cpu_without_the_flag(capsys, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert main(["record", "--out", str(tmp_path / "x.json")]) == 2
-    assert "--allow-cpu" in capsys.readouterr().err
-    assert not (tmp_path / "x.json").exists()
+    assert site_recordings.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-cpu" in err
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_the_cli_records_a_cpu_on_request(capsys, tmp_path, tiny):
-    out = tmp_path / "cpu.json"
-    assert main(["record", "--allow-cpu", "--device", "cpu", "--out", str(out)]) == 0
-    assert "[1/1] t.one" in capsys.readouterr().err
-    assert record.load(out).provenance.command.startswith("python -m mpguide record")
+def test_the_site_script_records_a_cpu_on_request(capsys, tmp_path, tiny):
+    argv = ["--allow-cpu", "--device", "cpu", "--out", str(tmp_path)]
+    assert site_recordings.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "[1/1] t.one" in captured.err
+    (path,) = tmp_path.glob("*.json")
+    assert captured.out == f"wrote {path}\n"
+    assert record.load(path).provenance.command.startswith("python docs/site_recordings.py")
 
 
 def test_recordings_are_found_through_the_environment(tmp_path, monkeypatch, tiny):
-    rec = record.measure(CPU, "cmd")
+    rec = measure()
     record.save(rec, tmp_path / "gpu.json")
     monkeypatch.setenv("MPGUIDE_RECORDED", str(tmp_path))
     assert [r.provenance for r in record.recordings()] == [rec.provenance]
     assert record.beside("t.one").recorded[0][1].rows == (("mm", "bfloat16"),)
+    monkeypatch.delenv("MPGUIDE_RECORDED")
+    assert record.recordings() == []
+    assert "set MPGUIDE_RECORDED" in repr(record.beside("t.one"))
 
 
 def test_every_key_a_page_shows_is_measured():
@@ -114,12 +125,12 @@ def test_every_key_a_page_shows_is_measured():
     for path in root.rglob("plot_*.py"):
         shown |= set(re.findall(r'record\.beside\(\s*"([^"]+)"', path.read_text()))
     assert shown, "no page shows a recording"
-    assert shown <= set(record.MEASUREMENTS)
+    assert shown <= set(site_recordings.MEASUREMENTS)
 
 
 def test_every_measurement_runs_on_the_cpu():
-    rec = record.measure(CPU, "cmd")
-    assert set(rec.tables) == set(record.MEASUREMENTS)
+    rec = measure()
+    assert set(rec.tables) == set(site_recordings.MEASUREMENTS)
     assert all(t.rows for t in rec.tables.values())
     back = json.loads(rec.to_json())
-    assert set(back["results"]) == set(record.MEASUREMENTS)
+    assert set(back["results"]) == set(site_recordings.MEASUREMENTS)

@@ -1,0 +1,143 @@
+"""What the site records on a GPU machine: ``nox -s record`` (or ``python docs/site_recordings.py``).
+
+Each key is a table a page shows beside its live result with :func:`mpguide.record.beside`;
+the recording lands in ``--out`` (the site's ``docs/recorded/``), named after the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from mpguide import MPGuideError, device, record
+from mpguide.table import Table
+
+
+def _policy(dtype: torch.dtype) -> Callable[[torch.device], Table]:
+    def measure(dev: torch.device) -> Table:
+        from mpguide import policy
+
+        return policy.probe(dev, dtype).table()
+
+    return measure
+
+
+#: The matmul sizes of the error table; a GPU adds the full 10240 x 51200 x 10240 product.
+MATMUL_SHAPES = ((256, 2048, 256), (128, 8192, 128))
+FULL_MATMUL = (10240, 51200, 10240)
+
+
+def _matmul_errors(dev: torch.device) -> Table:
+    from mpguide import numerics
+
+    shapes = MATMUL_SHAPES + ((FULL_MATMUL,) if dev.type == "cuda" else ())
+    return numerics.matmul_errors(shapes, dev=dev).table()
+
+
+def _matmul_into_fp32(x, y, bias):
+    out = torch.empty(32, 7, 1, 1, dtype=torch.float32, device=x.device)
+    return torch.matmul(x, y, out=out) + bias
+
+
+def _compile_backends(dev: torch.device) -> Table:
+    from mpguide import graphs
+
+    gen = torch.Generator(device=dev).manual_seed(0)
+    args = tuple(
+        torch.randn(*shape, device=dev, generator=gen).to(torch.bfloat16)
+        for shape in ((32, 7, 1, 8), (32, 7, 8, 1), (32, 7, 1, 1))
+    )
+
+    def exact(x, y, bias):
+        return torch.matmul(x.double(), y.double()) + bias.double()
+
+    return graphs.compare_backends(_matmul_into_fp32, args, reference=exact).table()
+
+
+def _encoder(dev: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A seeded transformer-encoder classifier and a batch for it: a size a GPU is timed on
+    meaningfully, and a small one on a CPU."""
+    from torch import nn
+
+    width, layers, length, batch = (1024, 4, 256, 64) if dev.type == "cuda" else (64, 2, 16, 16)
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True)
+    model = nn.Sequential(
+        nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+        nn.Flatten(),
+        nn.Linear(length * width, 10),
+    ).to(dev)
+    return model, torch.randn(batch, length, width, device=dev)
+
+
+def _training_step_casts(dev: torch.device) -> Table:
+    from mpguide import casts, profiling
+
+    model, x = _encoder(dev)
+    labels = torch.randint(0, 10, (x.shape[0],), device=dev)
+
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+
+    return casts.report(profiling.profile_fn(step, warmup=2).tree()).summary("cause")
+
+
+def _inference_variants(dev: torch.device) -> Table:
+    from mpguide import inference
+
+    model, x = _encoder(dev)
+    return inference.compare(model.eval(), x, inference.standard(dev), dev).table()
+
+
+#: What a recording measures: a key per table, and the function that measures it on a device.
+MEASUREMENTS: dict[str, Callable[[torch.device], Table]] = {
+    "autocast.policy.bfloat16": _policy(torch.bfloat16),
+    "autocast.policy.float16": _policy(torch.float16),
+    "numerics.matmul_errors": _matmul_errors,
+    "compile.matmul_into_fp32": _compile_backends,
+    "profiler.training_step_casts": _training_step_casts,
+    "inference.variants": _inference_variants,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Record the site's measurements; bad input ends with one line and status 2."""
+    p = argparse.ArgumentParser(prog="site_recordings.py", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder the recording is written to")
+    p.add_argument("--only", nargs="+", metavar="KEY", help="measure only these keys")
+    p.add_argument("--device", help="the device to record (default: cuda when present)")
+    p.add_argument("--allow-cpu", action="store_true", help="record on a CPU")
+    args = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        dev = device.resolve(args.device) if args.device else device.pick()
+        if dev.type != "cuda" and not args.allow_cpu:
+            raise MPGuideError(
+                f"no CUDA GPU here ({dev.type}): recordings are for GPU machines; "
+                "pass --allow-cpu to record this CPU"
+            )
+        command = shlex.join(["python", "docs/site_recordings.py", *argv])
+        rec = record.measure(
+            dev,
+            command,
+            MEASUREMENTS,
+            args.only,
+            progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+        path = record.save(rec, Path(args.out) / f"{record.slug(rec.provenance)}.json")
+    except MPGuideError as err:
+        print(f"site_recordings.py: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
