@@ -17,7 +17,7 @@ answers off. Then we cast after the forward has run, which is where the ways par
 # the CPU.
 import torch
 
-from mpguide import autograd, device, state
+from mpguide import autograd, casting, device, state
 
 dev = device.pick()
 device.describe(dev)
@@ -58,18 +58,18 @@ assert not torch.__future__.get_overwrite_module_params_on_conversion()
 # %%
 # Five ways, forward after the cast
 # ---------------------------------
-# :func:`mpguide.autograd.conversions` casts a fresh ``Linear(8, 8)`` each way, runs a bf16
+# :func:`mpguide.casting.conversions` casts a fresh ``Linear(8, 8)`` each way, runs a bf16
 # forward and backward, and reports. "dtype" is the weight's; "recorded" is the dtype
 # autograd stored for the gradient of the weight's ``AccumulateGrad`` node; "old
 # weight.grad" is the gradient of the object the module held before the cast; "backward"
 # counts the dtype conversions :class:`~mpguide.autograd.DtypeLog` saw while backward ran.
-after = autograd.conversions(torch.bfloat16, dev)
+after = casting.conversions(torch.bfloat16, dev)
 for row in after.records():
     assert row["dtype"] == row["recorded"] == torch.bfloat16, row
     assert row["weight.grad"] == torch.bfloat16, row
     assert row["backward"] == "0 casts", row
 same = dict(zip(after.column("method"), after.column("same object"), strict=True))
-assert [m for m, s in same.items() if not s] == [autograd.METHODS["overwrite"]]
+assert [m for m, s in same.items() if not s] == [casting.METHODS["overwrite"]]
 after
 
 # %%
@@ -89,10 +89,10 @@ graph
 # -------------------------
 # Now the forward runs in float32 first, the module is cast, and backward runs on the graph
 # recorded before the cast.
-before = autograd.conversions(torch.bfloat16, dev, graph_before=True)
+before = casting.conversions(torch.bfloat16, dev, graph_before=True)
 rows = {r["method"]: r for r in before.records()}
-to, data = rows[autograd.METHODS["to"]], rows[autograd.METHODS["data"]]
-overwrite, swap = rows[autograd.METHODS["overwrite"]], rows[autograd.METHODS["swap"]]
+to, data = rows[casting.METHODS["to"]], rows[casting.METHODS["data"]]
+overwrite, swap = rows[casting.METHODS["overwrite"]], rows[casting.METHODS["swap"]]
 for row in (to, data):
     assert row["dtype"] == torch.bfloat16 and row["weight.grad"] == torch.float32
 assert overwrite["weight.grad"] == "none" and overwrite["old weight.grad"] == torch.float32
@@ -141,7 +141,7 @@ for method, make in makers.items():
         loss.backward()
     nodes = {r.node_name for r in log.select("backward")}
     print(
-        f"{autograd.METHODS[method]}: {len(log.select('backward'))} backward ops in "
+        f"{casting.METHODS[method]}: {len(log.select('backward'))} backward ops in "
         f"{', '.join(sorted(nodes))}, {len(log.select('backward', casts=True))} casts"
     )
     assert "CompiledFunctionBackward" in nodes

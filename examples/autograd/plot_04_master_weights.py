@@ -18,7 +18,7 @@ going.
 import matplotlib.pyplot as plt
 import torch
 
-from mpguide import autograd, device
+from mpguide import autograd, device, master_weights
 from mpguide.table import Table
 
 dev = device.pick()
@@ -32,16 +32,16 @@ BF16 = torch.bfloat16
 # an update rounds to the nearest of them, so an update under half that spacing leaves the
 # weight where it was.
 w = torch.ones(1, device=dev, dtype=BF16)
-gap = autograd.spacing(w).item()
+gap = master_weights.spacing(w).item()
 print(f"bf16 spacing above 1.0: {gap} (2**-7 = {2**-7}); half of it: {gap / 2}")
 assert gap == 2**-7
-assert autograd.spacing(w.float()).item() == 2**-23
+assert master_weights.spacing(w.float()).item() == 2**-23
 
 rows = []
 for u in torch.tensor([[1e-3], [3e-3], [4.5e-3], [1e-2]], device=dev):
-    lost = autograd.lost(w, u).item()
+    lost = master_weights.lost(w, u).item()
     assert lost == (u.item() < gap / 2)
-    assert not autograd.lost(w.float(), u).item()
+    assert not master_weights.lost(w.float(), u).item()
     rows.append(
         (
             f"{u.item():.4g}",
@@ -70,12 +70,14 @@ assert torch.equal(param.detach(), before)
 # %%
 # Training with and without master weights
 # ----------------------------------------
-# :func:`mpguide.autograd.train` fits ``y = X w*`` (256 samples, 16 weights that start at 1)
-# by SGD for 300 steps, three ways: float32 weights; bf16 weights updated in place; bf16
+# :func:`mpguide.master_weights.train` fits ``y = X w*`` (256 samples, 16 weights that start
+# at 1) by SGD for 300 steps, three ways: float32 weights; bf16 weights updated in place; bf16
 # weights used in forward and backward while each update goes to a float32 master copy that
 # is cast back into them. It records the loss and the share of updates the held weights
 # lost at each step.
-curves = {weights: autograd.train(weights, steps=300, dev=dev) for weights in autograd.WEIGHTS}
+curves = {
+    weights: master_weights.train(weights, steps=300, dev=dev) for weights in master_weights.WEIGHTS
+}
 for c in curves.values():
     print(c)
 
