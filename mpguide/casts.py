@@ -183,6 +183,12 @@ def _is_compiled_convert(name: str) -> bool:
     return not name.startswith("aten::") and any(m in name for m in COMPILED_MARKS)
 
 
+def needs_args(name: str) -> bool:
+    """Whether the report reads the ``args`` of events with this name: pass it to
+    :func:`mpguide.trace.load` as ``args_of`` to keep only those."""
+    return name in CAST_OPS or _is_compiled_convert(name)
+
+
 class Cast(NamedTuple):
     """One dtype conversion and what it cost (times in microseconds)."""
 

@@ -80,9 +80,9 @@ def _tree(args: argparse.Namespace) -> str:
 
 
 def _casts(args: argparse.Namespace) -> str:
-    from mpguide import trace
+    from mpguide import casts, trace
 
-    tree = trace.load(args.trace).tree()
+    tree = trace.load(args.trace, args_of=casts.needs_args).tree()
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
     report = trace.casts(tree)

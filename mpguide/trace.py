@@ -41,6 +41,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -110,9 +111,14 @@ class Args:
     blobs: tuple[bytes, ...]
     offsets: np.ndarray
     ends: np.ndarray
+    kept: np.ndarray | None = None
+    """Which events' ``args`` were kept (None: all)."""
 
     def raws(self, ids: np.ndarray) -> list[bytes]:
         """The ``args`` JSON of each event in ``ids``."""
+        if self.kept is not None and not self.kept[ids].all():
+            i = int(ids[~self.kept[ids]][0])
+            raise MPGuideError(f"the args of event {i} were not kept (load with args_of=None)")
         stop = self.ends[ids]
         start = np.where(ids > 0, self.ends[ids - 1], 0)
         blob = np.searchsorted(self.offsets, start, side="right") - 1
@@ -135,6 +141,12 @@ class Flows(NamedTuple):
     ts: np.ndarray
 
 
+def _keeps_args(name: Coded, cat: Coded, args_of: Callable[[str], bool]) -> np.ndarray:
+    """Mask of the events whose name ``args_of`` accepts, and of launches and GPU events."""
+    linked = GPU_CATEGORIES | _RUNTIME_CATEGORIES
+    return _matching(name, args_of) | _matching(cat, linked.__contains__)
+
+
 def _flows(events: list[Event]) -> Flows:
     n = len(events)
     return Flows(
@@ -148,8 +160,9 @@ def _is_flow(e: Event) -> bool:
     return e.cat == FLOW and e.ph in ("s", "f") and e.id is not None and math.isfinite(e.ts)
 
 
-def _columns(events: list[Event], source: str, replaced: int = 0) -> Trace:
-    """The complete events as columns, the flow events apart, the others counted by phase."""
+def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) -> Trace:
+    """The complete events as columns, the flow events apart, the others counted by phase;
+    ``args`` only of the events :func:`_keeps_args` says."""
     is_complete = [e.ph == "X" for e in events]
     others = list(compress(events, map(not_, is_complete)))
     other = Counter(map(attrgetter("ph"), others))
@@ -158,8 +171,11 @@ def _columns(events: list[Event], source: str, replaced: int = 0) -> Trace:
     coded = [Coded(*codes(map(attrgetter(f), complete), n)) for f in ("name", "cat", "pid", "tid")]
     ts, dur = (np.fromiter(map(attrgetter(f), complete), float, n) for f in ("ts", "dur"))
     raws = list(map(attrgetter("args"), complete))
+    kept = None if args_of is None else _keeps_args(coded[0], coded[1], args_of)
+    if kept is not None:
+        raws = [r if k else b"" for r, k in zip(raws, kept.tolist(), strict=True)]
     ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
-    args = Args((b"".join(raws),), np.zeros(1, np.int64), ends)
+    args = Args((b"".join(raws),), np.zeros(1, np.int64), ends, kept)
     flows = _flows(list(filter(_is_flow, others)))
     return Trace(*coded, ts, dur, args, dict(other), flows, source, replaced)
 
@@ -177,6 +193,7 @@ def _merged(columns: list[Coded]) -> Coded:
 def _joined(parts: list[Trace], source: str) -> Trace:
     """One trace of the events of ``parts``, in order."""
     base = np.cumsum([0, *(sum(map(len, p.args.blobs)) for p in parts)])[:-1].tolist()
+    kept = [p.args.kept for p in parts]
     return Trace(
         *(_merged([getattr(p, f) for p in parts]) for f in ("name", "cat", "pid", "tid")),
         ts=np.concatenate([p.ts for p in parts]),
@@ -185,6 +202,7 @@ def _joined(parts: list[Trace], source: str) -> Trace:
             sum((p.args.blobs for p in parts), ()),
             np.concatenate([p.args.offsets + b for p, b in zip(parts, base, strict=True)]),
             np.concatenate([p.args.ends + b for p, b in zip(parts, base, strict=True)]),
+            None if kept[0] is None else np.concatenate(kept),
         ),
         other=dict(sum((Counter(p.other) for p in parts), Counter())),
         flows=Flows(
@@ -289,24 +307,54 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
+@contextmanager
+def _gzip_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise MPGuideError(f"{path}: broken gzip file ({err})") from None
+
+
+@contextmanager
+def _filler(path: Path, start: int = 0, stop: int | None = None) -> Iterator[Callable]:
+    """A function filling a buffer with the next bytes of ``path`` (decompressed when it is
+    gzip), from byte ``start`` to byte ``stop`` of a plain file; it returns how many."""
+    if _is_gzip(path):
+        with gzip.open(path, "rb") as z:
+
+            def unzip(view: memoryview) -> int:
+                with _gzip_errors(path):
+                    return z.readinto(view)
+
+            yield unzip
+        return
+    with path.open("rb") as f:
+        f.seek(start)
+        left = [math.inf if stop is None else stop - start]
+
+        def fill(view: memoryview) -> int:
+            got = f.readinto(view[: int(min(len(view), left[0]))])
+            left[0] -= got
+            return got
+
+        yield fill
+
+
 def _read(path: Path) -> bytes:
     if not _is_gzip(path):
         return path.read_bytes()
-    try:
-        with gzip.open(path, "rb") as f:
-            return f.read()
-    except (EOFError, gzip.BadGzipFile, OSError) as err:
-        raise MPGuideError(f"{path}: broken gzip file ({err})") from None
+    with gzip.open(path, "rb") as z, _gzip_errors(path):
+        return z.read()
 
 
 _UTF8_CHUNK = 1 << 24
 _REPLACEMENT = "\ufffd"
 
 
-def _invalid_utf8(data: bytes | bytearray) -> int:
-    """How many invalid UTF-8 sequences ``data`` holds, decoded a piece at a time (at once
-    when it is ASCII)."""
-    if data.isascii():
+def _invalid_utf8(data: bytes | bytearray | memoryview) -> int:
+    """How many invalid UTF-8 sequences ``data`` holds, decoded a piece at a time (none
+    when it is ASCII, which is checked at once)."""
+    if np.frombuffer(data, np.uint8).max(initial=0) < 0x80:
         return 0
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     view = memoryview(data)
@@ -315,15 +363,15 @@ def _invalid_utf8(data: bytes | bytearray) -> int:
         for i in range(0, len(data), _UTF8_CHUNK)
     )
     found += decoder.decode(b"", final=True).count(_REPLACEMENT)
-    return found - data.count(_REPLACEMENT.encode())
+    return found - bytes(data).count(_REPLACEMENT.encode())
 
 
-def _decode(data: bytes | bytearray, where: str) -> tuple[list[Event], int]:
+def _decode(data: bytes | bytearray | memoryview, where: str) -> tuple[list[Event], int]:
     """The events of a chrome-trace document, and how many invalid UTF-8 sequences were
     replaced by U+FFFD to decode it."""
     replaced = _invalid_utf8(data)
     try:
-        doc = _DECODER.decode(data.decode("utf-8", "replace") if replaced else data)
+        doc = _DECODER.decode(bytes(data).decode("utf-8", "replace") if replaced else data)
     except msgspec.ValidationError as err:
         raise MPGuideError(f"{where}: not a chrome trace ({err})") from None
     except msgspec.DecodeError as err:
@@ -332,33 +380,103 @@ def _decode(data: bytes | bytearray, where: str) -> tuple[list[Event], int]:
 
 
 @paused_gc()
-def parse(data: bytes, source: str = "") -> Trace:
+def parse(data: bytes, source: str = "", args_of: Callable[[str], bool] | None = None) -> Trace:
     """A trace from the bytes of a chrome-trace JSON document; bytes that are not UTF-8 are
-    replaced by U+FFFD and counted (:attr:`Trace.replaced`)."""
+    replaced by U+FFFD and counted (:attr:`Trace.replaced`). ``args_of``: see :func:`load`."""
     events, replaced = _decode(data, source or "trace")
-    return _columns(events, source, replaced)
+    return _columns(events, source, replaced, args_of)
 
 
 @paused_gc()
-def load(path: str | Path) -> Trace:
-    """Read a chrome trace from ``.json`` or ``.json.gz`` (gzip is detected from the bytes)."""
+def load(path: str | Path, *, args_of: Callable[[str], bool] | None = None) -> Trace:
+    """Read a chrome trace from ``.json`` or ``.json.gz`` (gzip is detected from the bytes),
+    a few megabytes at a time (see :func:`_streamed`).
+
+    ``args_of`` keeps the ``args`` only of the events whose name it accepts, and of the
+    launches and GPU events, which linking needs: the others' ``args`` are most of a trace's
+    bytes. Asking for a dropped event's ``args`` is an error. It must be a module-level
+    function: a large file's second half is decoded in a worker process.
+    """
     path = Path(path)
+    _pickled(args_of)
     if not _is_gzip(path) and path.stat().st_size >= PARALLEL_BYTES:
-        halves = _load_halves(path)
+        halves = _load_halves(path, args_of)
         if halves is not None:
             return _joined(halves, str(path))
-    return parse(_read(path), str(path))
+    try:
+        with _filler(path) as fill:
+            return _streamed(fill, b"", b"", str(path), args_of)
+    except MPGuideError:  # in one piece: its own error, if it has one
+        return parse(_read(path), str(path), args_of)
+
+
+def _pickled(args_of: Callable[[str], bool] | None) -> bytes:
+    try:
+        return pickle.dumps(args_of)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        raise MPGuideError(f"args_of must be a module-level function, got {args_of!r}") from None
 
 
 # A boundary between two events: "}," and then an object whose first key is "ph". Only a
 # cut after which both halves decode on their own is used.
 _BOUNDARY = re.compile(rb'\}\s*,\s*(\{)\s*"ph"\s*:')
+_PIECE = 16 << 20
+
+
+def _last_boundary(data: bytearray, size: int) -> tuple[int, int] | None:
+    """Where the last event of ``data[:size]`` before its last boundary ends, and where the
+    next begins; the boundary is looked for near the end first."""
+    for since in (max(size - _WINDOW, 0), 0):
+        found = list(_BOUNDARY.finditer(data, since, size))
+        if found:
+            return found[-1].start() + 1, found[-1].start(1)
+    return None
+
+
+def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=None) -> Trace:
+    """The events of the document that ``fill`` gives, opened by ``first`` and closed by
+    ``last``, decoded ``_PIECE`` bytes at a time in one buffer, so that memory holds the
+    columns and one piece: each piece ends at an event boundary and is closed (``]``) and
+    the rest reopened (``[``) into documents of their own. A document without event
+    boundaries (its events' first key is not ``ph``) is one piece; MPGuideError if a piece
+    does not decode."""
+    parts: list[Trace] = []
+    buf = bytearray(max(_PIECE, 2 * len(first)))
+    buf[: len(first)] = first
+    size, close, reopen = len(first), b"", b""
+    while True:
+        if size == len(buf):  # no boundary in a whole buffer: a larger one
+            buf.extend(bytes(len(buf)))
+        with memoryview(buf) as view:
+            got = fill(view[size:])
+        size += got
+        if got and size < len(buf):
+            continue
+        if not got:
+            break
+        if not close:
+            bracketed = re.match(rb"\s*\[", buf) is not None
+            close, reopen = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
+        found = _last_boundary(buf, size)
+        if found is None:
+            continue
+        cut, start = found
+        buf[cut : cut + len(close)] = close  # over the "," after the event
+        with memoryview(buf) as view:
+            parts.append(parse(view[: cut + len(close)], where, args_of))
+        rest = reopen + buf[start:size]
+        buf[: len(rest)] = rest
+        size = len(rest)
+    parts.append(parse(bytes(buf[:size]) + last, where, args_of))
+    return parts[0] if len(parts) == 1 else _joined(parts, where)
+
+
 _WINDOW = 1 << 20
 _SHARE = 0.6  # of the file decoded here: the worker first starts Python and imports
 _WORKER = "import sys; from mpguide.trace import _work; _work(sys.argv[1:])"
 
 
-def _load_halves(path: Path) -> list[Trace] | None:
+def _load_halves(path: Path, args_of) -> list[Trace] | None:
     """Decode the first part of ``path`` here while a worker process decodes the rest into
     a temporary file; None when no event boundary is found near the cut or a part does not
     decode."""
@@ -372,27 +490,30 @@ def _load_halves(path: Path) -> list[Trace] | None:
     cut, start = middle + found.start() + 1, middle + found.start(1)
     head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
     try:
-        return _with_worker(path, cut, start, head, tail)
+        return _with_worker(path, cut, start, head, tail, args_of)
     except (OSError, EOFError, pickle.UnpicklingError):
         return None  # no temporary folder, no worker or an unreadable result: one piece
 
 
-def _with_worker(path: Path, cut: int, start: int, head: bytes, tail: bytes) -> list[Trace] | None:
+def _with_worker(
+    path: Path, cut: int, start: int, head: bytes, tail: bytes, args_of
+) -> list[Trace] | None:
     """Bytes ``:cut`` of ``path`` closed by ``head`` decoded here, and bytes ``start:``
     opened by ``tail`` in a worker; None if either does not decode."""
+    keep = _pickled(args_of).hex()
     package = str(Path(__file__).resolve().parents[1])
     path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
     with tempfile.TemporaryDirectory(prefix="mpguide-") as folder:
         out = Path(folder) / "rest.pickle"
         worker = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(out)],
+            [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(out), keep],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list)},
         )
         first = None
         try:
-            first = _piece(path, 0, cut, b"", head)
+            first = _piece(path, 0, cut, b"", head, args_of)
         finally:
             if first is None:
                 worker.kill()
@@ -403,30 +524,24 @@ def _with_worker(path: Path, cut: int, start: int, head: bytes, tail: bytes) -> 
             return [first, pickle.load(f)]
 
 
-def _piece(path: Path, start: int, stop: int | None, before: bytes, after: bytes) -> Trace | None:
+def _piece(path: Path, start: int, stop, before: bytes, after: bytes, args_of) -> Trace | None:
     """Columns of the events in bytes ``start:stop`` of ``path``, framed by ``before`` and
     ``after`` into a document of their own; None if that is not a chrome trace."""
-    with path.open("rb") as f:
-        size = (os.fstat(f.fileno()).st_size if stop is None else stop) - start
-        buf = bytearray(len(before) + size + len(after))
-        buf[: len(before)] = before
-        f.seek(start)
-        if f.readinto(memoryview(buf)[len(before) : len(before) + size]) != size:
-            return None
-        buf[len(before) + size :] = after
     try:
-        events, replaced = _decode(buf, str(path))
+        with _filler(path, start, stop) as fill:
+            return _streamed(fill, before, after, str(path), args_of)
     except MPGuideError:
         return None
-    return _columns(events, str(path), replaced)
 
 
 def _work(argv: list[str]) -> None:
     """The worker of :func:`_load_halves`: the columns of the events from byte ``start`` to
-    the end of file ``path``, framed by ``before``, pickled into file ``out``."""
-    path, start, before, out = argv
+    the end of file ``path``, framed by ``before``, pickled into file ``out``; ``keep`` is
+    the pickled ``args_of``."""
+    path, start, before, out, keep = argv
+    args_of = pickle.loads(bytes.fromhex(keep))
     with paused_gc():
-        part = _piece(Path(path), int(start), None, before.encode(), b"")
+        part = _piece(Path(path), int(start), None, before.encode(), b"", args_of)
     if part is None:
         raise SystemExit(1)
     with open(out, "wb") as f:

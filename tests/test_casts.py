@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from mpguide import casts, trace, tracegen
+from mpguide import MPGuideError, casts, trace, tracegen
 
 DATA = Path(__file__).parent / "data"
 BASE = 4_402_438_546_149.513
@@ -190,3 +190,22 @@ def test_scalar_type_codes_match_this_torch(dtype):
     (cast,) = casts.report(tree).casts
     assert (cast.source, cast.target) == ("float32", dtype)
     assert cast.bytes_written == 32 * target.itemsize
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_trace_keeping_only_the_args_casts_read_gives_the_same_report(
+    tmp_path, monkeypatch, parallel
+):
+    path = tracegen.write(tmp_path / "t.json", 400, python=True, gpu=True, threads=2)
+    if parallel:
+        monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
+    whole = trace.casts(trace.load(path).tree(python=True))
+    lean = trace.load(path, args_of=casts.needs_args)
+    assert sum(map(len, lean.args.blobs)) < sum(map(len, trace.load(path).args.blobs)) / 2
+    assert trace.casts(lean.tree(python=True)).table() == whole.table()
+    assert lean.tree().anomalies == trace.load(path).tree().anomalies
+    add = lean.tree().find("aten::add")[0]
+    with pytest.raises(MPGuideError, match=f"args of event {add.id} were not kept"):
+        add.field("Input Dims")
+    with pytest.raises(MPGuideError, match="module-level function"):
+        trace.load(path, args_of=lambda name: True)

@@ -371,7 +371,7 @@ def test_large_files_decode_in_two_processes_as_in_one(tmp_path, monkeypatch, la
     path = write_generated(tmp_path / "t.json", 300, layout, python=True, gpu=True, threads=2)
     serial = trace.parse(path.read_bytes(), str(path))
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
-    halves = trace._load_halves(path)
+    halves = trace._load_halves(path, None)
     assert halves is not None and all(len(h.ts) for h in halves)
     same_trace(trace.load(path), serial)
 
@@ -380,8 +380,41 @@ def test_a_real_export_splits_at_an_event(tmp_path, monkeypatch):
     path = tmp_path / "train_step.json"
     path.write_bytes(gzip.decompress((DATA / "train_step.json.gz").read_bytes()))
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
-    assert trace._load_halves(path) is not None
+    assert trace._load_halves(path, None) is not None
     same_trace(trace.load(path), trace.load(DATA / "train_step.json.gz"))
+
+
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz"])
+@pytest.mark.parametrize("layout", ["object", "indented", "list"])
+def test_a_trace_read_a_piece_at_a_time_is_the_trace_read_at_once(
+    tmp_path, monkeypatch, layout, name
+):
+    path = write_generated(tmp_path / "t.json", 300, layout, python=True, gpu=True, threads=2)
+    serial = trace.parse(path.read_bytes(), str(path))
+    if name.endswith(".gz"):
+        path = path.rename(tmp_path / name)
+        path.write_bytes(gzip.compress(path.read_bytes()))
+    monkeypatch.setattr(trace, "_PIECE", 10_000)
+    monkeypatch.setattr(trace, "_WINDOW", 2_000)
+    pieces = []
+    monkeypatch.setattr(
+        trace, "parse", lambda data, source, args_of: pieces.append(bytes(data)) or serial
+    )
+    trace.load(path)
+    assert len(pieces) > path.stat().st_size // 20_000
+    monkeypatch.undo()
+    monkeypatch.setattr(trace, "_PIECE", 10_000)
+    same_trace(trace.load(path), serial)
+
+
+def test_a_boundary_inside_args_falls_back_to_one_piece(tmp_path, monkeypatch):
+    events = [op(f"op{i}", BASE + i, 0.5, x=[{}, {"ph": i}], y="." * 500) for i in range(300)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": e.pop("ph"), **e} for e in events]}))
+    monkeypatch.setattr(trace, "_PIECE", 1000)
+    with pytest.raises(MPGuideError), trace._filler(path) as read:
+        trace._streamed(read, b"", b"", str(path))
+    same_trace(trace.load(path), trace.parse(path.read_bytes(), str(path)))
 
 
 def test_files_that_do_not_split_decode_in_one_piece(tmp_path, monkeypatch):
@@ -389,11 +422,11 @@ def test_files_that_do_not_split_decode_in_one_piece(tmp_path, monkeypatch):
     events = [op(f"op{i}", BASE + i, 0.5) for i in range(2000)]
     unsplit = tmp_path / "name_first.json"
     unsplit.write_text(json.dumps({"traceEvents": [{"name": e.pop("name"), **e} for e in events]}))
-    assert trace._load_halves(unsplit) is None
+    assert trace._load_halves(unsplit, None) is None
     assert len(trace.load(unsplit)) == 2000
     broken = write_generated(tmp_path / "broken.json", 300, "object")
     broken.write_bytes(broken.read_bytes()[:-3])
-    assert trace._load_halves(broken) is None
+    assert trace._load_halves(broken, None) is None
     with pytest.raises(MPGuideError, match="not valid JSON"):
         trace.load(broken)
 
@@ -402,7 +435,7 @@ def test_a_load_without_a_worker_decodes_in_one_piece(tmp_path, monkeypatch):
     path = write_generated(tmp_path / "t.json", 100, "object")
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(trace.sys, "executable", str(tmp_path / "no-python"))
-    assert trace._load_halves(path) is None
+    assert trace._load_halves(path, None) is None
     same_trace(trace.load(path), trace.parse(path.read_bytes(), str(path)))
 
 
