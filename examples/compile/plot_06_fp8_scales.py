@@ -1,0 +1,120 @@
+"""
+fp8 scales from a bf16 amax, per backend
+========================================
+
+The usual fp8 recipe scales a tensor by ``fp8_max / amax`` before the cast, with ``amax`` the
+largest magnitude of the tensor. When the tensor is bf16, so is ``amax``, and eager, ``aot_eager``
+and inductor can return different scales for the same line of Python. We compute the scale under
+each backend on this build's device, read the graph to see which intermediates are bf16, and
+show what ``emulate_precision_casts`` and an explicit float32 ``amax`` change. Eager rounds the
+reciprocal and the product to bf16; inductor keeps both in float32; emulation brings eager's
+scale back; a float32 ``amax`` makes every backend agree.
+"""
+
+# %%
+# Setup
+# -----
+import torch
+
+from mpguide import device, graphs
+from mpguide.table import Table
+
+dev = device.pick()
+device.describe(dev)
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+gen = torch.Generator(device=dev).manual_seed(0)
+x = (3.3 * torch.randn(256, 1024, device=dev, generator=gen)).to(torch.bfloat16)
+amax = x.abs().amax()
+print(f"fp8 max {FP8_MAX}, amax {amax.item()} ({amax.dtype})")
+
+
+def scale_bf16_amax(x):
+    return (FP8_MAX / x.abs().amax()).float()
+
+
+def scale_fp32_amax(x):
+    return FP8_MAX / x.abs().amax().float()
+
+
+# %%
+# The scale under each backend
+# ----------------------------
+backends = ("eager", "aot_eager", "inductor", graphs.EMULATE)
+scales = {
+    fn.__name__: {b: graphs.run(fn, (x,), b) for b in backends}
+    for fn in (scale_bf16_amax, scale_fp32_amax)
+}
+exact = FP8_MAX / amax.double().item()
+Table(
+    ("recipe", *backends),
+    tuple((name, *(f"{s[b].item():.9g}" for b in backends)) for name, s in scales.items()),
+    f"scale = {FP8_MAX:g} / amax; exact {exact:.9g}; {device.describe(dev).caption()}",
+)
+
+# %%
+# Why: the graph rounds twice, inductor's kernel does not
+# -------------------------------------------------------
+# ``FP8_MAX / amax`` with a bf16 ``amax`` becomes ``reciprocal(amax) * FP8_MAX``, both in bf16,
+# and only then the cast to float32. Eager and ``aot_eager`` round after each; inductor fuses the
+# reduction, the reciprocal and the product into one kernel that computes in float32 and stores
+# only the float32 result.
+aot = graphs.capture(scale_bf16_amax, x, backend="aot_eager")
+dtypes = {str(n.target): n.meta["val"].dtype for n in aot.forward.graph.nodes
+          if n.op == "call_function"}
+print(aot.render())
+assert dtypes["aten.reciprocal.default"] == torch.bfloat16
+assert dtypes["aten.mul.Tensor"] == torch.bfloat16
+
+# %%
+got = scales["scale_bf16_amax"]
+rounded_twice = ((1 / amax.float()).to(torch.bfloat16).float() * FP8_MAX).to(torch.bfloat16)
+in_float32 = (1 / amax.float()) * FP8_MAX
+assert got["eager"].item() == got["aot_eager"].item() == rounded_twice.item()
+assert got["inductor"].item() == in_float32.item()
+assert got["eager"].item() != got["inductor"].item()
+assert got[graphs.EMULATE].item() == got["eager"].item()
+print(f"eager and aot_eager: {got['eager'].item()} (rounded to bf16 twice); inductor: "
+      f"{got['inductor'].item():.9g} (float32); with emulate_precision_casts: "
+      f"{got[graphs.EMULATE].item()}")
+
+# %%
+# With ``amax`` taken to float32 before the division, there is no bf16 intermediate left and the
+# four backends agree bit for bit.
+same = scales["scale_fp32_amax"]
+assert len({same[b].item() for b in backends}) == 1
+assert same["eager"].item() == in_float32.item()
+
+# %%
+# Does the rounding matter?
+# -------------------------
+# The bf16 scale can round up, and then ``amax * scale`` lands above the fp8 maximum. For every
+# bf16 ``amax`` in [1, 16) we compute eager's bf16 scale and the scaled ``amax``; the cast to
+# ``float8_e4m3fn`` saturates such values to the maximum, so the tensor's largest element is
+# silently clipped.
+values = torch.arange(0x3F80, 0x4180, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+bf16_scales = FP8_MAX / values
+scaled = values.float() * bf16_scales.float()
+over = scaled > FP8_MAX
+print(f"{int(over.sum())} of {values.numel()} bf16 amax values in [1, 16) give amax * scale above "
+      f"{FP8_MAX:g}, up to {scaled.max().item():.6g}; cast to fp8: "
+      f"{scaled[over].max().to(FP8).float().item():g}")
+assert over.any()
+assert scaled[over].to(FP8).float().eq(FP8_MAX).all()
+assert ((values.float() * (1 / values.float()) * FP8_MAX) <= FP8_MAX * (1 + 2**-23)).all()
+
+# %%
+# What we saw
+# -----------
+# - With a bf16 ``amax``, ``FP8_MAX / amax`` is a bf16 reciprocal and a bf16 product: eager and
+#   ``aot_eager`` round twice, inductor computes in float32 and returns a different scale.
+# - ``emulate_precision_casts`` gives eager's scale under inductor.
+# - Taking ``amax`` to float32 first makes every backend agree.
+# - A bf16 scale rounded up pushes ``amax * scale`` past the fp8 maximum for about half of all
+#   bf16 ``amax`` values in [1, 16); the saturating cast clips the largest element.
+#
+# .. admonition:: References
+#
+#    :torchapi:`torch.amax`, :torchapi:`torch.finfo`, :torchapi:`torch.compile`,
+#    :torchdoc:`torch.compiler_troubleshooting.html`
