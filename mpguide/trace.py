@@ -461,10 +461,10 @@ def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=Non
         if found is None:
             continue
         cut, start = found
-        buf[cut : cut + len(close)] = close  # over the "," after the event
+        rest = reopen + buf[start:size]
+        buf[cut : cut + len(close)] = close  # over the "," after the event, or the "{"
         with memoryview(buf) as view:
             parts.append(parse(view[: cut + len(close)], where, args_of))
-        rest = reopen + buf[start:size]
         buf[: len(rest)] = rest
         size = len(rest)
     parts.append(parse(bytes(buf[:size]) + last, where, args_of))
