@@ -134,7 +134,9 @@ html_static_path = ["docs/_static"]
 html_extra_path = ["docs/_extra"]
 html_css_files = ["mpguide.css"]
 # The pages outside the guide have no section navigation: their content takes its width.
-html_sidebars = {f"docs/{page}": [] for page in ("install", "cli", "api", "benchmarks")}
+html_sidebars = {
+    f"docs/{page}": [] for page in ("install", "cli", "api", "benchmarks", "contributing")
+}
 html_theme_options = {
     "navigation_depth": 2,
     "header_links_before_dropdown": 5,
