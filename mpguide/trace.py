@@ -1,11 +1,13 @@
 """Read chrome traces exported by ``torch.profiler`` and build their call trees.
 
-:func:`load` reads a ``.json`` or ``.json.gz`` trace with a typed decoder into one array
-per field (:class:`Trace`); each event's ``args`` stay undecoded bytes until a node's fields
-are asked for. A large plain ``.json`` is cut at an event boundary near its middle and the
-two halves are decoded at once, here and in a worker process; when either half does not
-decode on its own, the file is decoded in one piece. :func:`build` nests the complete (``ph: "X"``) events into one tree per
-process and thread:
+:func:`load` reads a ``.json`` or ``.json.gz`` trace a few megabytes at a time with a typed
+decoder into one array per field (:class:`Trace`); each event's ``args`` stay undecoded
+bytes until a node's fields are asked for, and ``args_of`` keeps only those a tool reads. A
+large plain ``.json`` is cut at an event boundary near its middle and the two parts are read
+at once, here and in a worker process. When a part does not decode piece by piece (an event
+boundary was found inside an event's ``args``), the file is decoded in one piece: the same
+trace, with the memory of the whole document. :func:`build` nests the complete (``ph: "X"``)
+events into one tree per process and thread:
 
 - CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
   first, then layer (annotation, Python, op), then file order. An interval is half-open: an

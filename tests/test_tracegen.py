@@ -25,3 +25,13 @@ def test_generated_timestamps_keep_nanoseconds(tmp_path):
     tree = trace.load(path).tree()
     assert tree.anomalies.total() == 0
     assert all(len(repr(e.ts).split(".")[-1]) <= 3 for e in trace.load(path).events)
+
+
+def test_a_rank_has_its_own_processes_clock_and_correlation_ids():
+    plain = list(tracegen.generate(100, gpu=True))
+    rank = list(tracegen.generate(100, gpu=True, pid=20, gpu_pid=3, correlation=50, offset_ns=7))
+    assert [e["ts"] - 7 for e in rank] == [e["ts"] for e in plain]
+    kernels = [e for e in rank if e["cat"] == "kernel"]
+    assert {e["pid"] for e in kernels} == {3}
+    assert {e["pid"] for e in rank if e["cat"] == "cpu_op"} == {20}
+    assert min(e["args"]["correlation"] for e in kernels) == 51
