@@ -1,4 +1,5 @@
-"""Sessions: ``nox -s tests`` (default), ``nox -s docs``, ``nox -s lint``.
+"""Sessions: ``nox -s tests`` (default), ``nox -s docs``, ``nox -s lint``, ``nox -s screenshots``,
+``nox -s record``, ``nox -s bench``.
 
 Arguments after ``--`` pass through to the tool: ``nox -s tests -- -k policy``,
 ``nox -s docs -- -D sphinx_gallery_conf.filename_pattern=plot_01``.
@@ -93,6 +94,15 @@ def docs(session: nox.Session) -> None:
         env=env,
     )
     session.log(f"the site is at {out / 'index.html'}")
+
+
+@nox.session(default=False)
+def screenshots(session: nox.Session) -> None:
+    """Build the site, screenshot every page in headless Chromium into build/screenshots/, and
+    fail where a page is wider than its column (needs Debian's ``chromium``)."""
+    docs(session)
+    session.install("playwright")
+    session.run("python", "docs/screenshots.py", str(BUILD / "html"), str(BUILD / "screenshots"))
 
 
 @nox.session(default=False)
