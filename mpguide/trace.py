@@ -149,17 +149,22 @@ def _keeps_args(name: Coded, cat: Coded, args_of: Callable[[str], bool]) -> np.n
     return _matching(name, args_of) | _matching(cat, linked.__contains__)
 
 
-def _flows(events: list[Event]) -> Flows:
+def _flows(others: list[Event], phase: Coded) -> Flows:
+    """The ``ac2g`` flow starts and ends among ``others``, whose phases are ``phase``, with an
+    ``id`` and a finite time."""
+    flow_phase = _matching(phase, ("s", "f").__contains__)
+    maybe = list(compress(others, flow_phase.tolist()))
+    n = len(maybe)
+    ts = np.fromiter(map(attrgetter("ts"), maybe), float, n)
+    cat = np.fromiter(map(FLOW.__eq__, map(attrgetter("cat"), maybe)), bool, n)
+    has_id = np.fromiter(map(is_not, map(attrgetter("id"), maybe), repeat(None)), bool, n)
+    events = list(compress(maybe, (cat & has_id & np.isfinite(ts)).tolist()))
     n = len(events)
     return Flows(
-        np.fromiter((e.ph == "s" for e in events), bool, n),
+        np.fromiter(map("s".__eq__, map(attrgetter("ph"), events)), bool, n),
         *(Coded(*codes(map(attrgetter(f), events), n)) for f in ("id", "pid", "tid")),
         np.fromiter(map(attrgetter("ts"), events), float, n),
     )
-
-
-def _is_flow(e: Event) -> bool:
-    return e.cat == FLOW and e.ph in ("s", "f") and e.id is not None and math.isfinite(e.ts)
 
 
 def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) -> Trace:
@@ -167,19 +172,21 @@ def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) 
     ``args`` only of the events :func:`_keeps_args` says."""
     is_complete = [e.ph == "X" for e in events]
     others = list(compress(events, map(not_, is_complete)))
-    other = Counter(map(attrgetter("ph"), others))
+    phase = Coded(*codes(map(attrgetter("ph"), others), len(others)))
+    counts = np.bincount(phase.codes, minlength=len(phase.values)).tolist()
+    other = dict(zip(phase.values, counts, strict=True))
     complete = list(compress(events, is_complete))
     n = len(complete)
     coded = [Coded(*codes(map(attrgetter(f), complete), n)) for f in ("name", "cat", "pid", "tid")]
     ts, dur = (np.fromiter(map(attrgetter(f), complete), float, n) for f in ("ts", "dur"))
     raws = list(map(attrgetter("args"), complete))
     kept = None if args_of is None else _keeps_args(coded[0], coded[1], args_of)
+    lengths = np.fromiter(map(len, raws), np.int64, n)
     if kept is not None:
-        raws = [r if k else b"" for r, k in zip(raws, kept.tolist(), strict=True)]
-    ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
-    args = Args((b"".join(raws),), np.zeros(1, np.int64), ends, kept)
-    flows = _flows(list(filter(_is_flow, others)))
-    return Trace(*coded, ts, dur, args, dict(other), flows, source, replaced)
+        raws = list(compress(raws, kept.tolist()))
+        lengths[~kept] = 0
+    args = Args((b"".join(raws),), np.zeros(1, np.int64), np.cumsum(lengths), kept)
+    return Trace(*coded, ts, dur, args, other, _flows(others, phase), source, replaced)
 
 
 def _merged(columns: list[Coded]) -> Coded:
