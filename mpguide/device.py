@@ -281,10 +281,38 @@ def autocast(dev: Target, dtype: torch.dtype | None) -> Iterator[None]:
         torch.clear_autocast_cache()
 
 
+def simulates_autograd(dev_type: str) -> bool:
+    """Whether autograd can run on fake ``dev_type`` tensors in this build. Autograd asks the
+    device's guard for a stream, and only a build with that device compiled in has one: on a
+    CPU-only build the first op on a fake CUDA tensor that requires grad aborts the process."""
+    if dev_type in ("cpu", "meta"):
+        return True
+    compiled = getattr(getattr(torch, dev_type, None), "_is_compiled", None)
+    return bool(compiled()) if callable(compiled) else False
+
+
+@contextmanager
+def aten_copy() -> Iterator[None]:
+    """``Tensor.copy_`` calls the ATen op directly inside the block. The method's Python binding
+    sets the device up first, which raises for a device this build lacks (``out=`` arguments and
+    ``nn.init`` fill tensors through it); the op itself runs on fake tensors."""
+    method = torch.Tensor.copy_
+
+    def copy_(self, src, non_blocking=False):
+        return torch.ops.aten.copy_.default(self, src, non_blocking)
+
+    torch.Tensor.copy_ = copy_
+    try:
+        yield
+    finally:
+        torch.Tensor.copy_ = method
+
+
 @contextmanager
 def tensors(dev: Target) -> Iterator[None]:
     """Where ``dev`` is simulated, make every tensor created inside fake (shapes, dtypes and
-    devices only; ops run their meta kernels); a live device changes nothing."""
+    devices only; ops run their meta kernels, ``copy_`` as in :func:`aten_copy`); a live device
+    changes nothing."""
     if not dev.simulated:
         yield
         return
@@ -295,7 +323,7 @@ def tensors(dev: Target) -> Iterator[None]:
     disabled = logger.disabled
     logger.disabled = True
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False):
+        with FakeTensorMode(allow_non_fake_inputs=False), aten_copy():
             yield
     finally:
         logger.disabled = disabled

@@ -4,7 +4,9 @@ backend against a float64 reference.
 - :func:`capture` gives the forward graph and (when the output requires grad) the backward graph
   AOTAutograd produces for a backend: for ``aot_eager`` the plain ATen graphs, for ``inductor``
   the graphs after inductor's decompositions, as inductor receives them to lower, with the code
-  inductor generated from them.
+  inductor generated from them. Given fake tensors (made inside :func:`mpguide.device.tensors`
+  for a simulated device) it simulates: the same graphs from this build's dispatch rules, with
+  no kernel run and no code generated. :func:`inputs` makes tensors from ``bf16[32, 7, 1, 8]``.
 - :func:`dtype_flow` lists the nodes of a graph where the dtype changes, with the line of user
   code that produced each; :func:`eager_flow` lists the same for an eager run.
 - :func:`compare_backends` runs one function under several backends and tabulates each
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -290,16 +293,60 @@ def eager_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Table:
 
 # -- capture ---------------------------------------------------------------------------------
 
+_SPEC = re.compile(r"^([a-z]+\d+)\[([\d,\s]*)\]$")
+
+
+def inputs(specs: Sequence[str], dev: torch.device | str, requires_grad: bool = False) -> tuple:
+    """Random tensors on ``dev`` from the graphs' own notation, ``bf16[32, 7, 1, 8]`` or
+    ``i64[4]`` (see :func:`node_type`); the floating ones require grad when ``requires_grad``.
+    Inside :func:`mpguide.device.tensors` of a simulated device they are fake."""
+    by_name = {v: k for k, v in _ABBR.items()}
+    made = []
+    for spec in specs:
+        m = _SPEC.match(spec.replace(" ", ""))
+        if not m or m[1] not in by_name:
+            raise MPGuideError(
+                f"bad input {spec!r}: write DTYPE[SHAPE] such as bf16[32,7,1,8], with DTYPE one "
+                f"of {', '.join(by_name)}"
+            )
+        dtype, shape = by_name[m[1]], [int(d) for d in m[2].split(",") if d]
+        if dtype.is_floating_point:
+            t = torch.randn(shape, device=dev).to(dtype).requires_grad_(requires_grad)
+        else:
+            t = torch.zeros(shape, dtype=dtype, device=dev)
+        made.append(t)
+    return tuple(made)
+
 
 @dataclass(frozen=True)
 class Graphs:
-    """What AOTAutograd gave one backend: the forward graph, the backward graph (``None`` when
-    nothing requires grad) and, for inductor, the code it generated from each."""
+    """What AOTAutograd gave one backend on one device: the forward graph, the backward graph
+    (``None`` when nothing requires grad) and, for inductor, the code it generated from each.
+    ``how`` says how they were obtained (:data:`mpguide.device.LIVE` or
+    :data:`~mpguide.device.SIMULATED`); ``note`` what a simulated capture leaves out."""
 
     backend: str
     forward: torch.fx.GraphModule = field(repr=False)
     backward: torch.fx.GraphModule | None = field(repr=False)
     code: tuple[str, ...] = field(default=(), repr=False)
+    device: str = "cpu"
+    how: str = _device.LIVE
+    note: str = ""
+
+    @property
+    def simulated(self) -> bool:
+        return self.how == _device.SIMULATED
+
+    @property
+    def label(self) -> str:
+        """``inductor, cuda (simulated)``: the backend and where its graphs come from."""
+        return f"{self.backend}, {self.device} ({'simulated' if self.simulated else self.how})"
+
+    @property
+    def obtained(self) -> str:
+        """``cuda, simulated: dispatch rules of this build, no kernels ran`` and the note, if any."""
+        how = f"simulated: {self.how}" if self.simulated else self.how
+        return f"{self.device}, {how}" + (f"; {self.note}" if self.note else "")
 
     def graphs(self) -> dict[str, torch.fx.GraphModule]:
         """``{"forward": ..., "backward": ...}``, backward only when there is one."""
@@ -314,10 +361,21 @@ class Graphs:
 
     def flow(self, which: str = "forward") -> Table:
         """The dtype changes of one graph (see :func:`dtype_flow`)."""
-        return dtype_flow(self._pick(which), f"dtype changes in the {which} graph, {self.backend}")
+        return dtype_flow(
+            self._pick(which),
+            f"dtype changes in the {which} graph, {self.backend}, {self.obtained}",
+        )
+
+    def nodes(self, which: str = "forward") -> list[tuple[str, str]]:
+        """``(op, dtype and shape)`` of each op node of one graph, in order: what two captures
+        must share to be the same graph."""
+        return [
+            (_op(n), node_type(n)) for n in self._pick(which).graph.nodes if n.op == "call_function"
+        ]
 
     def kernels(self) -> tuple[str, ...]:
-        """The source of each kernel inductor generated (C++ on CPU, Triton on CUDA)."""
+        """The source of each kernel inductor generated (C++ on CPU, Triton on CUDA); none for
+        ``aot_eager`` and none for a simulated capture, whose :attr:`note` says why."""
         return tuple(
             k.strip()
             for src in self.code
@@ -333,11 +391,14 @@ class Graphs:
         return graphs[which]
 
     def __repr__(self) -> str:
-        return "\n\n".join(f"# {self.backend}, {w}\n{self.render(w)}" for w in self.graphs())
+        return "\n\n".join(
+            f"# {self.backend}, {w}, {self.obtained}\n{self.render(w)}" for w in self.graphs()
+        )
 
     def _repr_html_(self) -> str:
         return "".join(
-            f"<p><strong>{escape(self.backend)}, {w}</strong></p>{_pre(self.render(w))}"
+            f"<p><strong>{escape(self.backend)}, {w}</strong>, {escape(self.obtained)}</p>"
+            f"{_pre(self.render(w))}"
             for w in self.graphs()
         )
 
@@ -403,6 +464,70 @@ def _recording_backend(backend: str, fw: list, bw: list, code: list):
     return compile_inductor
 
 
+def _simulated_backend(backend: str, fw: list, bw: list, detach: bool):
+    """AOTAutograd as ``backend`` sets it up, recording the graphs and compiling nothing. For
+    inductor: its decompositions and partitioner, after the one joint-graph pass that needs no
+    device (removing no-op aliases and clones); the pattern passes need the device to set up.
+    ``detach`` hands AOTAutograd inputs (parameters included) that do not require grad."""
+    if backend == AOT_EAGER:
+        compile_aot = _recording_backend(backend, fw, bw, [])
+    else:
+        compile_aot = _inductor_aot(fw, bw)
+    if not detach:
+        return compile_aot
+
+    def compile_detached(gm, example_inputs):
+        inputs = [t.detach() if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        return compile_aot(gm, inputs)
+
+    return compile_detached
+
+
+def _inductor_aot(fw: list, bw: list):
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.fx_passes.post_grad import remove_noop_ops
+
+    def keep(store, passes=False):
+        def compiler(gm, example_inputs):
+            if passes:
+                remove_noop_ops(gm.graph)
+                gm.recompile()
+            store.append(_copy(gm))
+            return boxed_nop(gm, example_inputs)
+
+        return compiler
+
+    def partition(gm, joint_inputs, **kwargs):
+        remove_noop_ops(gm.graph)
+        gm.recompile()
+        return min_cut_rematerialization_partition(gm, joint_inputs, compiler="inductor", **kwargs)
+
+    return aot_autograd(
+        fw_compiler=keep(fw),
+        bw_compiler=keep(bw),
+        inference_compiler=keep(fw, passes=True),
+        decompositions=select_decomp_table(),
+        partition_fn=partition,
+        keep_inference_input_mutations=True,
+    )
+
+
+SIMULATED_INDUCTOR = (
+    "inductor's decompositions and partitioner, without the joint-graph pattern passes "
+    "that need the device to set up; no code generated"
+)
+
+
+def _fake_mode(values: Any):
+    modes = {id(t.fake_mode): t.fake_mode for t in tree_leaves(values) if isinstance(t, FakeTensor)}
+    if len(modes) > 1:
+        raise MPGuideError("the inputs are fake tensors of different fake modes; make them in one")
+    return next(iter(modes.values()), None)
+
+
 def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwargs: Any) -> Graphs:
     """Compile ``fn`` with ``backend`` (``aot_eager``, ``inductor`` or
     ``inductor+emulate_precision_casts``), call it once on ``args`` and ``kwargs``, and keep the
@@ -411,28 +536,66 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     When the output requires grad (through an input or a parameter), the backward pass is run
     once with :func:`backward_once` so the backward graph is compiled too. Dynamo's caches are
     reset before and after; ``fn`` must compile to one graph. Call it inside
-    :func:`torch.autocast` to see where autocast puts its casts.
+    :func:`torch.autocast` (or :func:`mpguide.device.autocast`) to see where autocast puts its
+    casts.
+
+    Fake inputs (made inside :func:`mpguide.device.tensors` of a simulated device, parameters
+    too) are simulated: Dynamo and AOTAutograd trace as they would on that device and no kernel
+    runs; inductor is simulated by its decompositions and partitioner
+    (:data:`SIMULATED_INDUCTOR`), and ``emulate_precision_casts``, which changes only generated
+    code, cannot be.
     """
     _check_backend(backend, _COMPILED)
+    fake = _fake_mode((args, kwargs))
+    if fake is not None and backend == EMULATE:
+        raise MPGuideError(
+            f"{EMULATE} changes only the code inductor generates; a simulated capture has none"
+        )
     _import_inductor()
     import torch._functorch.config
 
     fw: list = []
     bw: list = []
     code: list = []
+    dev = next(
+        (t.device.type for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), "cpu"
+    )
+    notes = [SIMULATED_INDUCTOR] if fake is not None and backend == INDUCTOR else []
+    no_grad = fake is not None and not _device.simulates_autograd(dev)
+    if no_grad:
+        notes.append(f"no backward graph: torch {torch.__version__} cannot run autograd on {dev}")
+    compiler = (
+        _recording_backend(backend, fw, bw, code)
+        if fake is None
+        else _simulated_backend(backend, fw, bw, detach=no_grad)
+    )
     torch._dynamo.reset()
-    # AOTAutograd's own cache would skip the compiler calls that record the graphs.
-    with torch._functorch.config.patch(enable_autograd_cache=False), _config(backend):
-        compiled = torch.compile(
-            fn, backend=_recording_backend(backend, fw, bw, code), fullgraph=True, dynamic=False
-        )
-        out = compiled(*args, **kwargs)
-        if not bw:
-            backward_once(out)
-    torch._dynamo.reset()
+    try:
+        # AOTAutograd's own cache would skip the compiler calls that record the graphs.
+        with (
+            torch._functorch.config.patch(enable_autograd_cache=False),
+            _config(backend),
+            nullcontext() if fake is None else fake,
+            nullcontext() if fake is None else _device.aten_copy(),
+            torch.no_grad() if no_grad else nullcontext(),
+        ):
+            compiled = torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False)
+            out = compiled(*args, **kwargs)
+            if not bw:
+                backward_once(out)
+    finally:
+        torch._dynamo.reset()
     if len(fw) != 1:
         raise MPGuideError(f"expected one forward graph from {backend}, got {len(fw)}")
-    return Graphs(backend, fw[0], bw[0] if bw else None, tuple(code))
+    return Graphs(
+        backend,
+        fw[0],
+        bw[0] if bw else None,
+        tuple(code),
+        device=dev,
+        how=_device.LIVE if fake is None else _device.SIMULATED,
+        note="; ".join(notes),
+    )
 
 
 _ASSIGNED_CONVERSION = re.compile(r"^\s*(?:auto\s+)?(tmp\d+)\s*=\s*.*(?:convert|\.to\()")
@@ -459,14 +622,15 @@ class SideBySide:
 
     def __repr__(self) -> str:
         return "\n\n".join(
-            f"# {g.backend}\n{g.render(self.which, compact=True)}" for g in self.captures
+            f"# {g.backend}, {g.obtained}\n{g.render(self.which, compact=True)}"
+            for g in self.captures
         )
 
     def _repr_html_(self) -> str:
         cols = "".join(
             '<div class="mpguide-column" style="flex: 1 1 0; min-width: 0;">'
-            f"<p><strong>{escape(g.backend)}, {escape(self.which)}"
-            f"</strong></p>{_pre(g.render(self.which, compact=True))}</div>"
+            f"<p><strong>{escape(g.label)}, {escape(self.which)}</strong><br>"
+            f"<small>{escape(g.obtained)}</small></p>{_pre(g.render(self.which, compact=True))}</div>"
             for g in self.captures
         )
         return f'<div class="mpguide-columns" style="display: flex; gap: 1rem;">{cols}</div>'
