@@ -130,6 +130,82 @@ def _inference(args: argparse.Namespace) -> str:
     return result.table().render(args.format)
 
 
+def _load_function(spec: str):
+    import importlib.util
+    from pathlib import Path
+
+    from mpguide import error_line
+
+    path, colon, name = spec.rpartition(":")
+    if not colon or not path or not name:
+        raise MPGuideError(f"give FILE.py:FUNCTION, got {spec!r}")
+    if not Path(path).is_file():
+        raise MPGuideError(f"no file {path!r}")
+    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    if module_spec is None or module_spec.loader is None:
+        raise MPGuideError(f"{path!r} is not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 -- the reader's file: named in one line
+        raise MPGuideError(f"{path} raised {error_line(err)} on import") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise MPGuideError(f"{path} has no function {name!r}")
+    return fn
+
+
+def _graph(args: argparse.Namespace) -> str:
+    import msgspec
+    import torch
+
+    from mpguide import device, error_line, graphs
+
+    fn = _load_function(args.function)
+    target = device.target(args.device, simulate=True)
+    if args.backward and not device.simulates_autograd(target.device.type):
+        raise MPGuideError(
+            f"no backward graph on a simulated {target.device.type}: torch {torch.__version__} "
+            "cannot run autograd there (a build with that device can)"
+        )
+    low = None if args.autocast is None else device.dtype(args.autocast)
+    if low not in (None, torch.bfloat16, torch.float16):
+        raise MPGuideError(f"--autocast takes bfloat16 or float16, not {args.autocast}")
+    with device.tensors(target):
+        inputs = graphs.inputs(args.inputs, target.device, requires_grad=args.backward)
+        try:
+            with device.autocast(target, low):
+                captured = graphs.capture(fn, *inputs, backend=args.backend)
+        except MPGuideError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- the reader's function: named in one line
+            raise MPGuideError(f"tracing {args.function} raised {error_line(err)}") from None
+    which = list(captured.graphs())
+    if args.format == "json":
+        doc = {
+            "function": args.function,
+            "backend": captured.backend,
+            "device": captured.device,
+            "obtained": captured.how,
+            "note": captured.note,
+            "graphs": {
+                w: {"code": captured.render(w), "flow": captured.flow(w).records()} for w in which
+            },
+        }
+        return msgspec.json.encode(doc).decode()
+    fmt = "markdown" if args.format == "markdown" else "table"
+    parts = []
+    for w in which:
+        code = captured.render(w)
+        header = f"{captured.backend}, {w}, {captured.obtained}"
+        if fmt == "markdown":
+            parts.append(f"**{header}**\n\n```python\n{code}\n```")
+        else:
+            parts.append(f"# {header}\n{code}")
+        parts.append(captured.flow(w).render(fmt))
+    return "\n\n".join(parts)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line, with one subparser per subcommand."""
     p = _Parser(prog="python -m mpguide", description=DESCRIPTION)
@@ -241,6 +317,44 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--repeat", type=int, default=15, help="timed calls (default 15)")
     s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.set_defaults(run=_inference)
+
+    s = sub.add_parser(
+        "graph",
+        help="print the graphs torch.compile would hand a backend, on any device, running nothing",
+        description="Trace your function with Dynamo and AOTAutograd for a backend and print "
+        "the forward (and backward) graph with each node's dtype and shape, then where the "
+        "dtype changes. The device is simulated with fake tensors from this build's dispatch "
+        "rules, so no kernel runs and any device this build has autocast for can be shown; "
+        "every output says so.",
+    )
+    s.add_argument("function", metavar="FILE.py:FUNCTION", help="the function to trace")
+    s.add_argument(
+        "--inputs",
+        nargs="+",
+        required=True,
+        metavar="SPEC",
+        help="one per argument, as DTYPE[SHAPE]: bf16[32,7,1,8], f32[4096,4096], i64[16]",
+    )
+    s.add_argument("--device", default="cpu", help="cpu, cuda or another autocast device type")
+    s.add_argument(
+        "--backend",
+        default="aot_eager",
+        choices=("aot_eager", "inductor"),
+        help="aot_eager: the ATen graphs; inductor: after inductor's decompositions",
+    )
+    s.add_argument(
+        "--backward",
+        action="store_true",
+        help="make the floating inputs require grad and show the backward graph too",
+    )
+    s.add_argument("--autocast", metavar="DTYPE", help="trace under the device's autocast")
+    s.add_argument(
+        "--format",
+        default="text",
+        choices=("text", "markdown", "json"),
+        help="text (default), markdown, or json with each graph's code and dtype changes",
+    )
+    s.set_defaults(run=_graph)
     return p
 
 
