@@ -72,6 +72,62 @@ for row in dead:
 print(f"{len(dead)} of {len(result.rows)} rows: switch had no effect on {dev.type}")
 
 # %%
+# What ``fp32_precision=bf16`` could do on a CPU
+# ----------------------------------------------
+# On a CPU the switch asks oneDNN to let float32 matmuls run in bf16. Whether anything changes
+# depends on the CPU (bf16 instructions) and on the kernel torch picks; where the row above
+# says the switch had no effect, this CPU did not change the result at all, and what the kernel
+# does elsewhere is not measured here. To bracket it, we emulate the bf16 schemes a kernel
+# could use on the first shape's inputs, with float32 accumulation: inputs rounded once to
+# bf16 (one product), and inputs split into bf16 terms, ``x = x1 + x2 + x3`` with each term
+# the bf16 rounding of what is left, keeping the products ``x1 y1 + x1 y2 + x2 y1``
+# ("bf16x3") or the six largest ("bf16x6").
+m, k, n = shapes[0]
+gen = torch.Generator(device=dev).manual_seed(0)
+a = torch.randn(m, k, generator=gen, device=dev)
+b = torch.randn(k, n, generator=gen, device=dev)
+reference = a.double() @ b.double()
+
+
+def bf16_terms(x):
+    """``x`` as three bf16 values (held in float32) that add up to it."""
+    terms, rest = [], x
+    for _ in range(3):
+        terms.append(rest.to(torch.bfloat16).float())
+        rest = rest - terms[-1]
+    return terms
+
+
+def max_rel(out):
+    return ((out.double() - reference).abs().max() / reference.abs().mean()).item()
+
+
+(a1, a2, a3), (b1, b2, b3) = bf16_terms(a), bf16_terms(b)
+with switches.precision(switches.inheriting()):
+    schemes = {
+        "fp32": max_rel(a @ b),
+        "bf16, one product": max_rel(a1 @ b1),
+        "bf16x3": max_rel(a1 @ b1 + (a1 @ b2 + a2 @ b1)),
+        "bf16x6": max_rel(a1 @ b1 + (a1 @ b2 + a2 @ b1) + (a1 @ b3 + a2 @ b2 + a3 @ b1)),
+    }
+for name, rel in schemes.items():
+    print(f"{name:>18}: max error / mean |ref| {rel:.3g}, {rel / schemes['fp32']:.3g} x fp32's")
+
+# %%
+# The emulations tell the schemes apart by orders of magnitude: one bf16 product is thousands
+# of times fp32's error, bf16x3 more than five times, bf16x6 about fp32's. An error of a few
+# times fp32's would sit between bf16x3 and bf16x6, and no scheme emulated here gives it, so a
+# CPU that shows such a row under this switch is not explained by this page.
+ratio = {name: rel / schemes["fp32"] for name, rel in schemes.items()}
+assert abs(schemes["fp32"] / result.row("fp32", shapes[0]).stats.max_rel - 1) < 1e-6
+assert ratio["bf16, one product"] > 1000
+assert 5 < ratio["bf16x3"] < 50
+assert ratio["bf16x6"] < 2
+if dev.type == "cpu":
+    bf16_switch = [r for r in dead if r.mode == "fp32_precision=bf16"]
+    print(f"fp32_precision=bf16 on this CPU: {'no effect' if bf16_switch else 'changed results'}")
+
+# %%
 # The same check as a probe
 # -------------------------
 # :func:`mpguide.switches.effect` runs a matmul and a convolution in plain IEEE fp32 and with
@@ -122,6 +178,8 @@ record.beside(
 #   magnitude or more, and again from TF32 to bf16 and to fp8, as the mantissa shrinks.
 # - Emulated TF32 and fp16 agree: same 10-bit mantissa.
 # - Precision switches the hardware ignores are flagged instead of being reported as TF32.
+# - Emulated bf16 schemes for ``fp32_precision=bf16``: one bf16 product costs thousands of
+#   times fp32's error, three products (bf16x3) more than five times, six about fp32's.
 #
 # .. admonition:: References
 #
