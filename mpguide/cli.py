@@ -179,6 +179,8 @@ def _graph(args: argparse.Namespace) -> str:
         except MPGuideError:
             raise
         except Exception as err:  # noqa: BLE001 -- the reader's function: named in one line
+            while err.__cause__ is not None or err.__context__ is not None:
+                err = err.__cause__ or err.__context__  # Dynamo wraps the first error
             raise MPGuideError(f"tracing {args.function} raised {error_line(err)}") from None
     which = list(captured.graphs())
     if args.format == "json":

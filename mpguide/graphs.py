@@ -464,19 +464,22 @@ def _recording_backend(backend: str, fw: list, bw: list, code: list):
     return compile_inductor
 
 
-def _simulated_backend(backend: str, fw: list, bw: list, detach: bool):
+def _simulated_backend(backend: str, fw: list, bw: list, detach: list | None):
     """AOTAutograd as ``backend`` sets it up, recording the graphs and compiling nothing. For
     inductor: its decompositions and partitioner, after the one joint-graph pass that needs no
     device (removing no-op aliases and clones); the pattern passes need the device to set up.
-    ``detach`` hands AOTAutograd inputs (parameters included) that do not require grad."""
+    Given a ``detach`` list, AOTAutograd gets inputs (parameters included) that do not require
+    grad, and the list gets whether any did."""
     if backend == AOT_EAGER:
         compile_aot = _recording_backend(backend, fw, bw, [])
     else:
         compile_aot = _inductor_aot(fw, bw)
-    if not detach:
+    if detach is None:
         return compile_aot
 
     def compile_detached(gm, example_inputs):
+        tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+        detach.append(any(t.requires_grad for t in tensors))
         inputs = [t.detach() if isinstance(t, torch.Tensor) else t for t in example_inputs]
         return compile_aot(gm, inputs)
 
@@ -543,7 +546,9 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     too) are simulated: Dynamo and AOTAutograd trace as they would on that device and no kernel
     runs; inductor is simulated by its decompositions and partitioner
     (:data:`SIMULATED_INDUCTOR`), and ``emulate_precision_casts``, which changes only generated
-    code, cannot be.
+    code, cannot be. Where this build cannot run autograd on the device (see
+    :func:`mpguide.device.simulates_autograd`), ``fn`` is traced without grad and, if anything
+    required grad, :attr:`Graphs.note` says there is no backward graph.
     """
     _check_backend(backend, _COMPILED)
     fake = _fake_mode((args, kwargs))
@@ -562,12 +567,11 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     )
     notes = [SIMULATED_INDUCTOR] if fake is not None and backend == INDUCTOR else []
     no_grad = fake is not None and not _device.simulates_autograd(dev)
-    if no_grad:
-        notes.append(f"no backward graph: torch {torch.__version__} cannot run autograd on {dev}")
+    dropped: list[bool] = []
     compiler = (
         _recording_backend(backend, fw, bw, code)
         if fake is None
-        else _simulated_backend(backend, fw, bw, detach=no_grad)
+        else _simulated_backend(backend, fw, bw, dropped if no_grad else None)
     )
     torch._dynamo.reset()
     try:
@@ -587,6 +591,8 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
         torch._dynamo.reset()
     if len(fw) != 1:
         raise MPGuideError(f"expected one forward graph from {backend}, got {len(fw)}")
+    if any(dropped):
+        notes.append(f"no backward graph: torch {torch.__version__} cannot run autograd on {dev}")
     return Graphs(
         backend,
         fw[0],

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from mpguide import MPGuideError, graphs
+from mpguide import MPGuideError, device, graphs
 
 
 def _matmul_out_fp32(x, y, b):
@@ -246,3 +246,143 @@ def test_compact_render_keeps_dtype_shape_and_op():
     assert "    bf16[224, 1, 1]    bmm" in lines
     assert not any(ln.lstrip().startswith("#") for ln in lines)
     assert "bmm" in repr(graphs.side_by_side(g))
+
+
+# -- simulated devices -----------------------------------------------------------------------
+
+
+def _simulated(dev_type, fn, specs, backend, requires_grad=False, autocast=None):
+    target = device.target(dev_type, simulate=True)
+    with device.tensors(target), device.autocast(target, autocast):
+        return graphs.capture(
+            fn, *graphs.inputs(specs, target.device, requires_grad), backend=backend
+        )
+
+
+_ISSUE_SPECS = ("bf16[32,7,1,8]", "bf16[32,7,8,1]", "bf16[32,7,1,1]")
+
+
+def test_simulated_cuda_inductor_keeps_the_bmm_that_cpu_decomposes():
+    cpu = _simulated("cpu", _matmul_out_fp32, _ISSUE_SPECS, "inductor")
+    cuda = _simulated("cuda", _matmul_out_fp32, _ISSUE_SPECS, "inductor")
+    assert ("aten.bmm", "bf16[224, 1, 1]") in cuda.nodes()
+    assert "aten.bmm" not in [op for op, _ in cpu.nodes()]
+    assert ("aten.mul.Tensor", "f32[224, 8]") in cpu.nodes()
+    assert ("aten.sum.dim_IntList", "f32[224, 1]") in cpu.nodes()
+    for g, dev in ((cpu, "cpu"), (cuda, "cuda")):
+        assert g.device == dev and g.simulated and g.how == device.SIMULATED
+        assert g.note == graphs.SIMULATED_INDUCTOR and g.kernels() == () and g.code == ()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize(
+    ("fn", "specs", "grad"),
+    [
+        (_matmul_out_fp32, _ISSUE_SPECS, False),
+        (_round_trip, ("f32[64]",), True),
+        (
+            lambda x, w: (
+                (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True))).to(x.dtype) * w
+            ),
+            ("bf16[16,64]", "bf16[64]"),
+            True,
+        ),
+    ],
+    ids=["matmul_out", "round_trip", "rmsnorm"],
+)
+def test_simulated_cpu_capture_equals_the_live_one_node_for_node(fn, specs, grad, backend):
+    live = graphs.capture(fn, *graphs.inputs(specs, "cpu", grad), backend=backend)
+    sim = _simulated("cpu", fn, specs, backend, requires_grad=grad)
+    assert not live.simulated and sim.simulated
+    assert (
+        set(live.graphs())
+        == set(sim.graphs())
+        == ({"forward", "backward"} if grad else {"forward"})
+    )
+    for which in live.graphs():
+        assert sim.nodes(which) == live.nodes(which)
+
+
+def test_simulated_cuda_under_autocast_runs_softmax_in_fp32_and_has_no_backward():
+    target = device.target("cuda", simulate=True)
+    with device.tensors(target), device.autocast(target, torch.bfloat16):
+        lin = torch.nn.Linear(32, 16, device=target.device)
+        g = graphs.capture(lambda x: torch.softmax(lin(x), -1), torch.randn(8, 32, device="cuda"))
+    assert ("aten._softmax", "f32[8, 16]") in g.nodes()
+    assert ("aten.addmm", "bf16[8, 16]") in g.nodes()
+    assert g.backward is None and "no backward graph" in g.note
+    assert device.simulates_autograd("cuda") is torch.cuda._is_compiled()
+
+
+def test_provenance_is_in_every_rendering():
+    sim = _simulated("cuda", _round_trip, ("f32[8]",), "aot_eager")
+    live = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    for g, how in ((sim, device.SIMULATED), (live, device.LIVE)):
+        assert how in repr(g) and how in g._repr_html_() and how in g.flow().caption
+        view = graphs.side_by_side(g)
+        assert how in repr(view) and how in view._repr_html_()
+    assert sim.label == "aot_eager, cuda (simulated)"
+    assert live.label == f"aot_eager, cpu ({device.LIVE})"
+
+
+def test_simulated_capture_refuses_emulation_and_mixed_fake_modes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with pytest.raises(MPGuideError, match="changes only the code inductor generates"):
+        _simulated("cpu", _round_trip, ("f32[8]",), graphs.EMULATE)
+    with FakeTensorMode():
+        a = torch.ones(2)
+    with FakeTensorMode():
+        b = torch.ones(2)
+    with pytest.raises(MPGuideError, match="different fake modes"):
+        graphs.capture(torch.add, a, b)
+
+
+def _raises_inside(x):
+    if (x * 2).shape[0] == 4:
+        raise ValueError("the reader's bug")
+    return x
+
+
+def test_simulated_capture_restores_state_when_the_function_raises():
+    target = device.target("cuda", simulate=True)
+    copy_, before = torch.Tensor.copy_, torch.get_autocast_dtype("cuda")
+    with (
+        pytest.raises(Exception, match="the reader's bug"),
+        device.tensors(target),
+        device.autocast(target, torch.float16),
+    ):
+        graphs.capture(_raises_inside, torch.ones(4, device="cuda"))
+    assert torch.Tensor.copy_ is copy_
+    assert not torch.is_autocast_enabled("cuda")
+    assert torch.get_autocast_dtype("cuda") == before
+    assert torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
+    assert torch._guards.TracingContext.try_get() is None
+    seen = []
+
+    def count(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    assert torch.compile(lambda x: x.sin(), backend=count)(torch.zeros(1)).item() == 0.0
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("bf16(3)", r"bad input 'bf16\(3\)'"),
+        ("q8[3]", r"bad input 'q8\[3\]'"),
+        ("f32", "bad input"),
+    ],
+)
+def test_inputs_refuse_a_bad_spec(spec, message):
+    with pytest.raises(MPGuideError, match=message):
+        graphs.inputs([spec], "cpu")
+
+
+def test_inputs_read_the_graph_notation():
+    x, i, s = graphs.inputs(["bf16[2, 3]", "i64[4]", "f32[]"], "cpu", requires_grad=True)
+    assert (x.dtype, x.shape, x.requires_grad) == (torch.bfloat16, (2, 3), True)
+    assert (i.dtype, i.shape, i.requires_grad) == (torch.int64, (4,), False)
+    assert s.shape == ()

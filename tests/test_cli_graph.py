@@ -1,0 +1,116 @@
+import json
+
+import pytest
+import torch
+from conftest import mpguide_process
+
+from mpguide import device
+
+FUNCTIONS = """
+import torch
+
+
+def matmul_into_fp32(x, y, bias):
+    out = torch.empty(32, 7, 1, 1, dtype=torch.float32, device=x.device)
+    return torch.matmul(x, y, out=out) + bias
+
+
+def scale_and_sin(x):
+    return (x.to(torch.bfloat16) * 2).float().sin()
+
+
+def raises(x):
+    raise ValueError("the reader's bug")
+"""
+ISSUE = ("--inputs", "bf16[32,7,1,8]", "bf16[32,7,8,1]", "bf16[32,7,1,1]")
+
+
+@pytest.fixture(scope="module")
+def functions(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reader") / "functions.py"
+    path.write_text(FUNCTIONS)
+    return path
+
+
+def _json(*args):
+    proc = mpguide_process("graph", *args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions):
+    fn = f"{functions}:matmul_into_fp32"
+    cpu = _json(fn, *ISSUE, "--device", "cpu", "--backend", "inductor")
+    cuda = _json(fn, *ISSUE, "--device", "cuda", "--backend", "inductor")
+    cpu_code, cuda_code = cpu["graphs"]["forward"]["code"], cuda["graphs"]["forward"]["code"]
+    assert "aten.bmm" not in cpu_code
+    assert "mul: f32[224, 8] = aten.mul.Tensor" in cpu_code
+    assert "sum_1: f32[224, 1] = aten.sum.dim_IntList" in cpu_code
+    assert "bmm: bf16[224, 1, 1] = aten.bmm(view, view_1)" in cuda_code
+    flows = {
+        d["device"]: [(r["op"], r["in"], r["out"]) for r in d["graphs"]["forward"]["flow"]]
+        for d in (cpu, cuda)
+    }
+    assert ("prims.convert_element_type", "bf16", "f32") in flows["cpu"]
+    assert flows["cuda"] == [
+        ("aten.copy", "f32 + bf16", "f32"),
+        ("aten.add.Tensor", "f32 + bf16", "f32"),
+    ]
+    assert {cpu["obtained"], cuda["obtained"]} == {device.SIMULATED}
+    assert list(cuda["graphs"]) == ["forward"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "json"])
+def test_every_format_says_the_graph_was_simulated(functions, fmt):
+    proc = mpguide_process(
+        "graph", f"{functions}:scale_and_sin", "--inputs", "f32[8]", "--backward", "--format", fmt
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert device.SIMULATED in proc.stdout
+    assert proc.stdout.count("backward") >= 2 and "aten.cos" in proc.stdout
+
+
+def test_autocast_puts_its_casts_in_the_graph(functions):
+    doc = _json(
+        f"{functions}:scale_and_sin", "--inputs", "f32[8]", "--device", "cuda", "--autocast", "fp16"
+    )
+    assert doc["device"] == "cuda" and "forward" in doc["graphs"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.py:f", "--inputs", "f32[2]"], "no file 'missing.py'"),
+        (["{f}:nope", "--inputs", "f32[2]"], "has no function 'nope'"),
+        (["{f}", "--inputs", "f32[2]"], "give FILE.py:FUNCTION"),
+        (["{f}:scale_and_sin", "--inputs", "f32(2)"], "bad input 'f32(2)'"),
+        (["{f}:scale_and_sin", "--inputs", "f32[2]", "--device", "tpu"], "unknown device 'tpu'"),
+        (
+            ["{f}:scale_and_sin", "--inputs", "f32[2]", "--backend", "eager"],
+            "invalid choice: 'eager'",
+        ),
+        (["{f}:scale_and_sin", "--inputs", "f32[2]", "--autocast", "float32"], "--autocast takes"),
+        (["{f}:raises", "--inputs", "f32[2]"], 'ValueError("the reader\'s bug")'),
+        (["{f}:scale_and_sin"], "required: --inputs"),
+    ],
+)
+def test_refused_input_is_one_line_and_status_2(functions, args, message):
+    proc = mpguide_process("graph", *(a.replace("{f}", str(functions)) for a in args))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("mpguide: error: ") and proc.stderr.count("\n") == 1
+    assert message in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda._is_compiled(), reason="this build runs autograd on CUDA")
+def test_backward_on_a_device_this_build_cannot_differentiate_is_refused(functions):
+    proc = mpguide_process(
+        "graph",
+        f"{functions}:scale_and_sin",
+        "--inputs",
+        "f32[8]",
+        "--device",
+        "cuda",
+        "--backward",
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "no backward graph on a simulated cuda" in proc.stderr
