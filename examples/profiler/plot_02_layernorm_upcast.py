@@ -139,7 +139,8 @@ assert per_step_casts == 1.5 * norm_traffic
 # float32 list); on the CPU, where autocast leaves ``rms_norm`` alone, the mixed dtypes keep the
 # fused kernel out and the composite form casts the input up and the result back down (with a
 # warning, silenced here, that says so). Compiled, the casts are fused into inductor's kernel
-# and no cast op is left in the trace.
+# and no cast op is left in the trace. The counts keep tensor casts only: the report also finds
+# 0-dim conversions of Python scalars inside ``mean`` and ``add_``.
 import warnings
 
 rms = torch.nn.RMSNorm(1024, device=dev)
@@ -174,10 +175,6 @@ else:
     assert per_step["eager"] == [("bfloat16", "float32", 1), ("float32", "bfloat16", 1)]
 assert per_step["inductor"] == []
 
-# %%
-# (The report also finds 0-dim conversions of Python scalars inside ``mean`` and ``add_``; the
-# counts above keep tensor casts only.)
-#
 # %%
 # What we saw
 # -----------
