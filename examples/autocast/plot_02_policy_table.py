@@ -12,6 +12,8 @@ that device under its autocast, so the dispatcher applies that device's real rul
 kernels and no kernel runs. The CPU and CUDA answers differ for about half the catalogue.
 """
 
+# sphinx_gallery_thumbnail_number = 1
+
 # %%
 # Setup
 # -----
@@ -111,7 +113,15 @@ Table(
 bf16
 
 # %%
-# The ops whose class differs:
+# The ops whose class differs, as a map: one row per device, one column per op, coloured by
+# class.
+from mpguide import plots
+
+fig = plots.policy_map(bf16, only_differing=True)
+fig.axes[0].set_title(f"autocast classes that differ between devices, bf16, torch "
+                      f"{torch.__version__}", fontsize=9, pad=28)
+
+# %%
 bf16.differences()
 
 # %%
