@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
+from mpguide import MPGuideError
 from mpguide.table import Table
 from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree, codes, paused_gc
 
@@ -408,11 +409,20 @@ def _chain_pair(tree: Tree, top: int) -> tuple[str, str] | None:
     """(source, target) of the first copy_ in the chain under ``top`` that converts."""
     for node in Node(tree, top).walk():
         if node.name == "aten::copy_":
-            args = _CAST_ARGS.decode(node.tree.trace.args.raw(node.id))
+            args = _cast_args(_CAST_ARGS, node.tree.trace.args.raw(node.id), tree.trace.source)
             pair = _describe(*_key(node.name, args))[0]
             if pair[0] != pair[1]:
                 return pair
     return None
+
+
+def _cast_args(decoder: msgspec.json.Decoder, raw: bytes, source: str):
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as err:
+        raise MPGuideError(
+            f"{source or 'trace'}: a cast op's args are not usable ({err})"
+        ) from None
 
 
 def _steps(tree: Tree) -> np.ndarray:
@@ -458,7 +468,8 @@ def report(tree: Tree) -> CastReport:
     tops = (is_cast_op & ~under_cast) | tree.named(_is_compiled_convert)
     ids = tree.order[tops[tree.order]]
     names = tree.trace.name
-    args = _CAST_ARGS_LIST.decode(b"[" + b",".join(tree.trace.args.raws(ids)) + b"]")
+    raws = b"[" + b",".join(tree.trace.args.raws(ids)) + b"]"
+    args = _cast_args(_CAST_ARGS_LIST, raws, tree.trace.source)
     top_names = map(names.values.__getitem__, names.codes[ids].tolist())
     shape, keys = codes(map(_key, top_names, args), len(ids))
     described = [_describe(*key) for key in keys]

@@ -85,7 +85,7 @@ class _File(msgspec.Struct, gc=False):
 
 
 class _Link(msgspec.Struct, gc=False):
-    correlation: int | None = None
+    correlation: int | str | None = None
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
@@ -963,18 +963,19 @@ class _Links(NamedTuple):
     launch_key: np.ndarray
 
 
-def _by_key(ids: np.ndarray, keys: list) -> tuple[np.ndarray, np.ndarray, list]:
-    """The ``ids`` whose key is not None, and their keys as codes."""
-    has = np.fromiter(map(is_not, keys, repeat(None)), bool, len(keys))
-    code, values = codes(compress(keys, has), int(has.sum()))
-    return ids[has], code, values
-
-
-def _correlation_links(args: Args, gpu: np.ndarray, launch: np.ndarray) -> _Links:
+def _correlation_links(trace: Trace, gpu: np.ndarray, launch: np.ndarray) -> _Links:
     """GPU events and launches keyed by the ``correlation`` in their ``args``."""
     ids = np.concatenate((gpu, launch))
-    links = _LINKS.decode(b"[" + b",".join(args.raws(ids)) + b"]")
-    ids, key, _ = _by_key(ids, list(map(attrgetter("correlation"), links)))
+    try:
+        links = _LINKS.decode(b"[" + b",".join(trace.args.raws(ids)) + b"]")
+    except msgspec.ValidationError as err:
+        where = trace.source or "trace"
+        raise MPGuideError(
+            f"{where}: a launch's or GPU event's args are not usable ({err})"
+        ) from None
+    keys = list(map(attrgetter("correlation"), links))
+    has = np.fromiter(map(is_not, keys, repeat(None)), bool, len(keys))
+    ids, key = ids[has], codes(compress(keys, has), int(has.sum()))[0]
     on_gpu = np.isin(ids, gpu)
     return _Links(ids[on_gpu], key[on_gpu], ids[~on_gpu], key[~on_gpu])
 
@@ -1067,7 +1068,7 @@ def _link_gpu(trace: Trace, gpu, launch, start, thread, base: int, parent: np.nd
     process, n_proc = trace.pid.codes, max(len(trace.pid.values), 1)
     sources = (
         _flow_links(trace, gpu, launch, start, thread, base),
-        _correlation_links(trace.args, gpu, launch),
+        _correlation_links(trace, gpu, launch),
     )
     found = [_resolve(links, process, n_proc, start, None) for links in sources]
     pairs = np.full(n_proc, -1, dtype=np.int64)

@@ -99,6 +99,15 @@ def test_casts_summary(capsys):
     assert capsys.readouterr().out.startswith("source,target,casts,")
 
 
+def one_event(**fields):
+    event = {"ph": "X", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0, **fields}
+    return json.dumps({"traceEvents": [event]}).encode()
+
+
+LAUNCH_ARGS_LIST = one_event(cat="cuda_runtime", name="cudaLaunchKernel", args=[1])
+CAST_ARGS_LIST = one_event(cat="cpu_op", name="aten::to", args=[1])
+
+
 @pytest.mark.parametrize(
     ("argv", "content", "message"),
     [
@@ -112,6 +121,8 @@ def test_casts_summary(capsys):
         (["tree", "--op", "aten::nope"], b'{"traceEvents": []}', "no op named 'aten::nope'"),
         (["tree", "--depth", "-1"], b'{"traceEvents": []}', "--depth must be 0 or more"),
         (["tree", "--limit", "-1"], b'{"traceEvents": []}', "--limit must be 0"),
+        (["tree"], LAUNCH_ARGS_LIST, "a launch's or GPU event's args are not usable"),
+        (["casts"], CAST_ARGS_LIST, "a cast op's args are not usable"),
         (["tree", "--format", "html"], b'{"traceEvents": []}', "invalid choice: 'html'"),
         (["casts", "--format", "xml"], b'{"traceEvents": []}', "invalid choice: 'xml'"),
     ],

@@ -308,6 +308,11 @@ def test_colliding_ids_link_in_the_kernels_own_process():
     assert tree.anomalies.shared_correlation == 2 and tree.anomalies.ambiguous_gpu == 0
 
 
+def test_string_correlation_ids_link():
+    tree = tree_of(launch(BASE, "a1"), kernel(BASE + 10, "a1"), kernel(BASE + 20, 1))
+    assert tree.node(1).parent.id == 0 and tree.anomalies.unlinked_gpu == 1
+
+
 def test_repeated_ids_in_one_process_take_the_latest_earlier_launch():
     tree = tree_of(launch(BASE, 1), launch(BASE + 50, 1), kernel(BASE + 60, 1))
     assert tree.node(2).parent.id == 1
