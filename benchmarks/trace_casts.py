@@ -1,12 +1,19 @@
-"""Benchmark ``python -m mpguide casts`` on large synthetic traces, beside a bare ``json.load``.
+"""Benchmark ``python -m mpguide casts`` and ``tree`` on large synthetic traces against the
+parse limit.
 
 Run by ``nox -s bench`` (or ``python benchmarks/trace_casts.py``). For each size and layer
-set it generates a trace under build/bench (kept for later runs), then times whole processes:
-``python -m mpguide casts TRACE --by cause`` (load, tree, cast report, output) ``--repeat``
-times, and a process doing only ``json.load`` of the same file. Wall time comes from the
-parent's clock; peak memory and CPU time (user + system, less disturbed by other jobs than
-wall time) from the child's resource usage. The results and their
-provenance (machine, torch, date, command, load average) go to
+set it generates a trace under build/bench (kept for later runs), then runs, interleaved and
+``--repeat`` times each, as whole processes: ``python -m mpguide casts TRACE --by cause``
+(load, tree, cast report, output), ``python -m mpguide tree TRACE`` (its default node limit)
+and the parse limit: a process that reads the file and decodes it with msgspec into typed
+events, and does nothing else. Each round runs them in a rotated order, so a machine that
+speeds up or slows down during the run weighs on all of them alike; the ratios to the parse
+limit are taken round by round.
+
+Wall time comes from the parent's clock. Peak memory is summed over every process of a run:
+each child runs under a small wrapper that reports its own peak resident set size and its
+children's (the decode worker), so the sum is the peak of each process added, an upper
+bound on what they held at once. The results and their provenance go to
 docs/benchmarks/trace_casts.json, which docs/benchmarks.md renders.
 """
 
@@ -14,54 +21,130 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"none": {}, "python+gpu": {"python": True, "gpu": True, "threads": 2}}
-GOAL_S, GOAL_MB, GOAL_EVENTS = 4.0, 1200, 1_000_000
+GOAL_EVENTS, GOAL_WALL, GOAL_PEAK = 1_000_000, 1.5, 0.75
+"""The goal: on 1M cpu_op events without layers, casts within these ratios to the parse limit."""
+
+# Runs the command in its argv (``-m MODULE ARGS`` or ``-c CODE ARGS``) in this process,
+# then writes this process's peak RSS and its children's, in KiB, to the file $PEAK_FILE.
+_WRAPPER = """
+import os, resource, runpy, sys
+kind, what, *rest = sys.argv[1:]
+sys.argv = [what, *rest]
+try:
+    if kind == "-m":
+        runpy.run_module(what, run_name="__main__", alter_sys=True)
+    else:
+        exec(compile(what, "<command>", "exec"), {"__name__": "__main__"})
+except SystemExit as end:
+    if end.code:
+        raise
+finally:
+    peaks = [resource.getrusage(r).ru_maxrss for r in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    with open(os.environ["PEAK_FILE"], "w") as f:
+        f.write(" ".join(map(str, peaks)))
+"""
+
+# The parse limit: read the file (decompressing a .gz) and decode it into typed events.
+_PARSE_LIMIT = """
+import gzip, sys
+import msgspec
+
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+
+class Document(msgspec.Struct, gc=False):
+    traceEvents: list[Event]
+
+path = sys.argv[1]
+with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+    data = f.read()
+msgspec.json.decode(data, type=Document)
+"""
 
 
-def run(argv: list[str]) -> tuple[float, float, float]:
-    """Wall seconds, peak RSS in MB and CPU seconds (user + system) of one child process,
-    with its output discarded: the benchmark times the work, not the terminal."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(argv)} failed with status {proc.returncode}: {err}")
-    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+def commands(path: Path) -> dict[str, list[str]]:
+    py = sys.executable
+    return {
+        "casts": [py, "-c", _WRAPPER, "-m", "mpguide", "casts", str(path), "--by", "cause"],
+        "tree": [py, "-c", _WRAPPER, "-m", "mpguide", "tree", str(path)],
+        "parse limit": [py, "-c", _WRAPPER, "-c", _PARSE_LIMIT, str(path)],
+    }
 
 
-def trace_file(events: int, layers: str, folder: Path) -> Path:
-    """The synthetic trace, generated in a child so that this process stays small: a child's
-    peak memory as the kernel reports it starts from its parent's at fork."""
-    path = folder / f"trace_{events}_{layers.replace('+', '_')}.json"
-    if not path.exists():
-        print(f"generating {path.name} ...", flush=True)
-        tmp = path.with_suffix(".tmp")
+def run(argv: list[str]) -> dict[str, float]:
+    """Wall seconds, CPU seconds (user + system of the process and its children) and peak
+    RSS in MB of one child process (its own, its children's and their sum), its output
+    discarded: the benchmark times the work, not the terminal."""
+    with tempfile.TemporaryDirectory() as folder:
+        peak_file = Path(folder) / "peak"
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PEAK_FILE": str(peak_file)},
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        if os.waitstatus_to_exitcode(status):
+            raise SystemExit(f"{' '.join(argv[3:])} failed: {err.strip()}")
+        own, children = (int(k) / 1024 for k in peak_file.read_text().split())
+    cpu = usage.ru_utime + usage.ru_stime
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mb": own + children, "main_peak_mb": own}
+
+
+def trace_file(events: int, layers: str, compressed: bool, folder: Path) -> Path:
+    """The synthetic trace, generated in a child so that this process stays small."""
+    plain = folder / f"trace_{events}_{layers.replace('+', '_')}.json"
+    if not plain.exists():
+        print(f"generating {plain.name} ...", flush=True)
+        tmp = plain.with_suffix(".tmp")
         code = (
             "import sys; from mpguide import tracegen; "
             f"tracegen.write(sys.argv[1], {events}, **{LAYERS[layers]!r})"
         )
-        run([sys.executable, "-c", code, str(tmp)])
-        tmp.rename(path)
-    return path
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp)],
+            check=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        tmp.rename(plain)
+    if not compressed:
+        return plain
+    packed = plain.with_suffix(".json.gz")
+    if not packed.exists():
+        print(f"compressing {plain.name} ...", flush=True)
+        tmp = packed.with_suffix(".tmp")
+        with plain.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 16 << 20)
+        tmp.rename(packed)
+    return packed
 
 
 def spread(values: list[float]) -> dict[str, float | list[float]]:
@@ -71,6 +154,46 @@ def spread(values: list[float]) -> dict[str, float | list[float]]:
         "max": max(values),
         "runs": [round(v, 3) for v in values],
     }
+
+
+def measure(path: Path, repeat: int) -> dict:
+    """Every command ``repeat`` times, interleaved in rotated order; per command the spread
+    of each figure, and per tool the round-by-round ratios to the parse limit."""
+    argv = commands(path)
+    names = list(argv)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for r in range(repeat):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            runs[name].append(run(argv[name]))
+    out = {
+        name: {key: spread([x[key] for x in got]) for key in got[0]} for name, got in runs.items()
+    }
+    limit = runs["parse limit"]
+    for name in ("casts", "tree"):
+        out[name]["ratio"] = {
+            key: spread([a[key] / b[key] for a, b in zip(runs[name], limit, strict=True)])
+            for key in ("wall_s", "peak_mb")
+        }
+    return out
+
+
+def growth(rows: list[dict]) -> dict:
+    """Per command, the summed peak's least-squares line over the file's size: MB per GB of
+    JSON, the intercept, and what it gives for 10 GB; over the plain traces without layers."""
+    plain = [r for r in rows if r["layers"] == "none" and not r["compressed"]]
+    if len(plain) < 2:
+        return {}
+    gb = np.array([r["json_mb"] / 1000 for r in plain])
+    out = {}
+    for name in ("casts", "tree", "parse limit"):
+        peak = np.array([r[name]["peak_mb"]["max"] for r in plain])
+        slope, intercept = np.polyfit(gb, peak, 1)
+        out[name] = {
+            "mb_per_gb": float(slope),
+            "intercept_mb": float(intercept),
+            "at_10_gb_mb": float(intercept + 10 * slope),
+        }
+    return out
 
 
 def cpu_name() -> str:
@@ -92,10 +215,23 @@ def provenance(argv: list[str]) -> dict:
         "python": platform.python_version(),
         "torch": version("torch"),
         "msgspec": version("msgspec"),
+        "numpy": version("numpy"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/trace_casts.py", *argv]),
         "load_average_at_start": os.getloadavg()[0],
     }
+
+
+def line(row: dict) -> str:
+    c, t, p = row["casts"], row["tree"], row["parse limit"]
+    kind = f"{row['layers']}{', gzip' if row['compressed'] else ''}"
+    return (
+        f"{row['cpu_op_events']:>9,} cpu_ops  {kind:<10}  {row['json_mb']:5.0f} MB JSON  "
+        f"limit {p['wall_s']['median']:5.2f} s {p['peak_mb']['max']:5.0f} MB  "
+        f"casts {c['ratio']['wall_s']['median']:.2f}x [{c['ratio']['wall_s']['min']:.2f}-"
+        f"{c['ratio']['wall_s']['max']:.2f}] {c['ratio']['peak_mb']['median']:.2f}x peak  "
+        f"tree {t['ratio']['wall_s']['median']:.2f}x {t['ratio']['peak_mb']['median']:.2f}x peak"
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -104,64 +240,66 @@ def main(argv: list[str]) -> None:
         "--events",
         type=int,
         nargs="+",
-        default=[200_000, 1_000_000],
-        help="cpu_op events per trace",
+        default=[200_000, 1_000_000, 2_000_000],
+        help="cpu_op events per trace (default: %(default)s)",
     )
-    p.add_argument("--layers", nargs="+", default=list(LAYERS), choices=list(LAYERS))
-    p.add_argument("--repeat", type=int, default=5, help="runs of mpguide per trace")
-    p.add_argument("--json-repeat", type=int, default=1, help="runs of json.load per trace")
-    p.add_argument("--folder", type=Path, default=ROOT / "build" / "bench")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "trace_casts.json")
+    p.add_argument(
+        "--layers",
+        nargs="+",
+        default=list(LAYERS),
+        choices=list(LAYERS),
+        help="layer sets per size (default: all)",
+    )
+    p.add_argument(
+        "--gzip-events",
+        type=int,
+        nargs="*",
+        default=[GOAL_EVENTS],
+        help="sizes also measured as .json.gz, without layers (default: %(default)s)",
+    )
+    p.add_argument("--repeat", type=int, default=3, help="runs of each command per trace")
+    p.add_argument("--folder", type=Path, default=ROOT / "build" / "bench", help="the traces")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks" / "trace_casts.json",
+        help="the results file",
+    )
     args = p.parse_args(argv)
     args.folder.mkdir(parents=True, exist_ok=True)
+    cases = [(e, layers, False) for e in args.events for layers in args.layers]
+    cases += [(e, "none", True) for e in args.gzip_events]
+    paths = {case: trace_file(*case, args.folder) for case in cases}
     record = {"provenance": provenance(argv), "results": []}
-    py = sys.executable
-    for events in args.events:
-        for layers in args.layers:
-            path = trace_file(events, layers, args.folder)
-            mp = [
-                run([py, "-m", "mpguide", "casts", str(path), "--by", "cause"])
-                for _ in range(args.repeat)
-            ]
-            js = [
-                run([py, "-c", "import json, sys; json.load(open(sys.argv[1], 'rb'))", str(path)])
-                for _ in range(args.json_repeat)
-            ]
-            row = {
-                "cpu_op_events": events,
-                "layers": layers,
-                "file_mb": path.stat().st_size / 1e6,
-                "mpguide_casts_s": spread([w for w, _, _ in mp]),
-                "mpguide_casts_peak_mb": spread([m for _, m, _ in mp]),
-                "mpguide_casts_cpu_s": spread([c for _, _, c in mp]),
-                "json_load_s": spread([w for w, _, _ in js]),
-                "json_load_peak_mb": spread([m for _, m, _ in js]),
-                "json_load_cpu_s": spread([c for _, _, c in js]),
-            }
-            record["results"].append(row)
-            print(
-                f"{events:>9,} cpu_ops  {layers:<10}  {row['file_mb']:6.0f} MB  "
-                f"mpguide casts {row['mpguide_casts_s']['median']:6.2f} s "
-                f"[{row['mpguide_casts_s']['min']:.2f}-{row['mpguide_casts_s']['max']:.2f}]  "
-                f"{row['mpguide_casts_peak_mb']['max']:6.0f} MB  "
-                f"cpu {row['mpguide_casts_cpu_s']['median']:5.2f} s   "
-                f"json.load {row['json_load_s']['median']:6.2f} s "
-                f"{row['json_load_peak_mb']['max']:6.0f} MB",
-                flush=True,
-            )
+    for case, path in paths.items():
+        events, layers, compressed = case
+        json_path = args.folder / f"trace_{events}_{layers.replace('+', '_')}.json"
+        row = {
+            "cpu_op_events": events,
+            "layers": layers,
+            "compressed": compressed,
+            "json_mb": json_path.stat().st_size / 1e6,
+            "file_mb": path.stat().st_size / 1e6,
+            **measure(path, args.repeat),
+        }
+        record["results"].append(row)
+        print(line(row), flush=True)
     record["provenance"]["load_average_at_end"] = os.getloadavg()[0]
-    goal = [
-        r for r in record["results"] if r["cpu_op_events"] == GOAL_EVENTS and r["layers"] == "none"
-    ]
-    for r in goal:
-        ok = (
-            r["mpguide_casts_s"]["median"] <= GOAL_S
-            and r["mpguide_casts_peak_mb"]["max"] <= GOAL_MB
-        )
+    record["growth"] = growth(record["results"])
+    for name, g in record["growth"].items():
         print(
-            f"goal ({GOAL_S} s, {GOAL_MB} MB on {GOAL_EVENTS:,} cpu_ops): "
-            f"{'met' if ok else 'not met'}"
+            f"{name}: {g['mb_per_gb']:.0f} MB per GB of JSON, "
+            f"{g['at_10_gb_mb'] / 1000:.1f} GB at 10 GB by the line"
         )
+    for r in record["results"]:
+        if (r["cpu_op_events"], r["layers"], r["compressed"]) == (GOAL_EVENTS, "none", False):
+            wall, peak = (r["casts"]["ratio"][k]["median"] for k in ("wall_s", "peak_mb"))
+            met = wall <= GOAL_WALL and peak <= GOAL_PEAK
+            print(
+                f"goal (casts within {GOAL_WALL}x the parse limit's wall time and "
+                f"{GOAL_PEAK}x its peak on {GOAL_EVENTS:,} cpu_ops): "
+                f"{'met' if met else 'not met'} ({wall:.2f}x, {peak:.2f}x)"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
