@@ -102,6 +102,36 @@ if dev.type == "cpu":
 
 
 # %%
+# The graph for CUDA
+# ------------------
+# Is the rounding already gone from the graph inductor lowers for CUDA? We capture it from a GPU
+# when this build has one, else simulated from this build's dispatch rules with fake tensors
+# (see :func:`mpguide.device.target`); a simulated capture generates no kernel, and its label
+# says so.
+cuda = device.target("cuda")
+with device.tensors(cuda):
+    cuda_plain = graphs.capture(
+        round_trip, *graphs.inputs(["f32[4096]"], cuda.device), backend="inductor"
+    )
+cpu_plain = plain if dev.type == "cpu" else graphs.capture(round_trip, x.cpu(), backend="inductor")
+graphs.side_by_side(cpu_plain, cuda_plain)
+
+# %%
+# Both devices get the same graph, node for node, with both ``convert_element_type`` nodes:
+# whether a rounding survives is decided when inductor generates the kernel, which only a GPU can
+# show for CUDA.
+same_graph = cpu_plain.nodes() == cuda_plain.nodes()
+print(f"{cuda_plain.label}: same graph as the cpu: {same_graph}")
+print(f"kernels in the cuda capture: {len(cuda_plain.kernels())} ({cuda_plain.obtained})")
+assert same_graph
+assert [t for op, t in cuda_plain.nodes() if op == "prims.convert_element_type"] == [
+    "bf16[4096]",
+    "f32[4096]",
+]
+assert bool(cuda_plain.kernels()) != cuda.simulated
+
+
+# %%
 # A case that matters: rotary embeddings in bf16
 # ----------------------------------------------
 # Rotary position embeddings multiply a bf16 query by bf16 cosines and sines and add the two
@@ -141,6 +171,8 @@ if dev.type == "cpu":
 #   it.
 # - Without the roundings inductor is closer to float64 than eager, for the round trip and for
 #   bf16 rotary embeddings (asserted on the CPU, printed above for this build's device).
+# - The graph inductor lowers keeps both conversions on the CPU and for CUDA (live or simulated,
+#   as labelled): dropping the rounding is a decision of code generation, not of the graph.
 # - ``torch._inductor.config.emulate_precision_casts`` restores the roundings; on the CPU of this
 #   torch the result then equals eager bit for bit (the line printed above says whether it did
 #   on this build's device). Set it, through

@@ -129,6 +129,64 @@ if dev.type == "cpu":
 
 
 # %%
+# The same block for CUDA
+# -----------------------
+# CUDA's autocast has another policy, and inductor decomposes for its device. We capture the
+# block's graphs for CUDA from a GPU when this build has one, else simulated from this build's
+# dispatch rules: a fake layer and input (see :func:`mpguide.device.tensors`) under CUDA's
+# autocast (:func:`mpguide.device.autocast`), no kernel run. The captions say which; a simulated
+# CUDA has no backward graph where this build cannot run autograd on CUDA, and says so.
+import copy
+
+
+def captures_on(target, layer, x):
+    """aot_eager's and inductor's graphs of the block around ``layer`` under bf16 autocast."""
+
+    def block_on(x):
+        return torch.softmax(layer(x), dim=-1)
+
+    with device.autocast(target, torch.bfloat16):
+        return tuple(graphs.capture(block_on, x, backend=b) for b in ("aot_eager", "inductor"))
+
+
+cuda = device.target("cuda")
+with device.tensors(cuda):
+    cuda_aot, cuda_ind = captures_on(
+        cuda,
+        torch.nn.Linear(32, 16, device=cuda.device),
+        *graphs.inputs(["f32[8, 32]"], cuda.device),
+    )
+if dev.type == "cpu":
+    cpu_aot, cpu_ind = aot, ind
+else:
+    cpu_aot, cpu_ind = captures_on(device.target("cpu"), copy.deepcopy(linear).cpu(), x.cpu())
+graphs.side_by_side(cpu_aot, cuda_aot)
+
+# %%
+cuda_ind.flow()
+
+
+# %%
+# The softmax: CUDA's autocast runs it in float32, so its graph converts the ``addmm`` result to
+# float32 before it, where the CPU's leaves it in bf16. Inductor then has nothing to widen on
+# CUDA: its forward graph makes the same conversions as ``aot_eager``'s, while on the CPU it adds
+# its own around the bf16 softmax.
+def softmax_dtype(g):
+    (node,) = [t for op, t in g.nodes() if op == "aten._softmax"]
+    return node.split("[")[0]
+
+
+cuda_extra = len(conversions(cuda_ind.flow())) - len(conversions(cuda_aot.flow()))
+cpu_extra = len(conversions(cpu_ind.flow())) - len(conversions(cpu_aot.flow()))
+print(f"softmax under autocast: cpu {softmax_dtype(cpu_aot)}, cuda {softmax_dtype(cuda_aot)}")
+print(f"conversions inductor adds to the forward graph: cpu {cpu_extra}, cuda {cuda_extra}")
+assert (softmax_dtype(cpu_aot), softmax_dtype(cuda_aot)) == ("bf16", "f32")
+assert conversions(cuda_ind.flow()) == conversions(cuda_aot.flow())
+assert cpu_extra > 0
+assert ("bf16", "f32") in conversions(cuda_aot.flow())
+
+
+# %%
 # The outputs
 # -----------
 # Under autocast, the three backends return the dtype eager returns (bf16 on the CPU, where
@@ -160,6 +218,9 @@ if dev.type == "cpu":
 # - The backward graph casts the gradients of float32 parameters back to float32.
 # - Inductor's graphs keep those conversions and, on the CPU, add their own around the ops its
 #   decompositions compute in float32; ``aot_eager`` matches eager bit for bit.
+# - For CUDA (live or simulated, as labelled) autocast itself runs the softmax in float32, so
+#   inductor's forward graph makes exactly ``aot_eager``'s conversions; on the CPU the softmax
+#   stays bf16 and inductor adds its own.
 #
 # .. admonition:: References
 #

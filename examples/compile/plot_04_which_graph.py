@@ -140,6 +140,50 @@ print(kernel)
 assert kernel in logs["output_code"]
 
 # %%
+# The same graphs for a device this machine lacks
+# -----------------------------------------------
+# The stages up to AOTAutograd's graphs need no kernel: given fake tensors, made inside
+# :func:`mpguide.device.tensors` for a simulated device, :func:`mpguide.graphs.capture` traces
+# them with Dynamo and AOTAutograd as on that device. For inductor it applies inductor's
+# decompositions and partitioner but not the joint-graph pattern passes, which need the device
+# to set up, and generates no code. On the CPU we can check the simulation against the real
+# capture: the same ops with the same dtypes and shapes, node for node.
+cpu_sim = device.target("cpu", simulate=True)
+with device.tensors(cpu_sim):
+    simulated = graphs.capture(
+        scale_and_sin, *graphs.inputs(["f32[8]"], "cpu", requires_grad=True), backend="inductor"
+    )
+live_cpu = (
+    captured
+    if dev.type == "cpu"
+    else graphs.capture(scale_and_sin, x.detach().cpu().requires_grad_(), backend="inductor")
+)
+for which in ("forward", "backward"):
+    same = simulated.nodes(which) == live_cpu.nodes(which)
+    print(f"{which}: the simulated cpu graph equals the real one: {same}")
+    assert same
+
+# %%
+# For CUDA, from a GPU when this build has one, else simulated (the caption says which, and what a
+# simulated capture leaves out). ``python -m mpguide graph FILE.py:FUNCTION --inputs f32[8]
+# --device cuda`` prints the same for a function of yours (see :doc:`/docs/cli`).
+cuda = device.target("cuda")
+with device.tensors(cuda):
+    on_cuda = graphs.capture(
+        scale_and_sin,
+        *graphs.inputs(["f32[8]"], cuda.device, requires_grad=not cuda.simulated),
+        backend="inductor",
+    )
+on_cuda
+
+# %%
+# The forward graph for CUDA rounds to bf16 and widens back as on the CPU.
+cuda_converts = [t for op, t in on_cuda.nodes() if op == "prims.convert_element_type"]
+print(f"{on_cuda.label}: convert_element_type to {cuda_converts}")
+assert cuda_converts[:2] == ["bf16[8]", "f32[8]"]
+assert cuda_converts == [t for op, t in live_cpu.nodes() if op == "prims.convert_element_type"]
+
+# %%
 # What we saw
 # -----------
 # - ``graph_code`` shows your Python calls; the dtypes you should reason about start at
@@ -147,6 +191,8 @@ assert kernel in logs["output_code"]
 # - :func:`mpguide.graphs.capture` returns the same forward and backward graphs as the
 #   ``aot_graphs`` log, node for node, with their dtypes.
 # - The generated code in ``output_code`` is what runs; ``capture(...).kernels()`` gives it too.
+# - Fake tensors give the ``aot_graphs`` stage for a device the machine lacks; on the CPU the
+#   simulated graphs equal the real ones node for node.
 #
 # .. admonition:: References
 #
