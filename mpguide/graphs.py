@@ -335,6 +335,7 @@ class Graphs:
 
     @property
     def simulated(self) -> bool:
+        """Whether the graphs come from fake tensors, with no kernel run."""
         return self.how == _device.SIMULATED
 
     @property
