@@ -386,3 +386,24 @@ def test_inputs_read_the_graph_notation():
     assert (x.dtype, x.shape, x.requires_grad) == (torch.bfloat16, (2, 3), True)
     assert (i.dtype, i.shape, i.requires_grad) == (torch.int64, (4,), False)
     assert s.shape == ()
+
+
+def test_simulated_inductor_lacks_the_pattern_passes_but_not_a_dtype_change():
+    torch.manual_seed(0)
+    lin, x = torch.nn.Linear(32, 16), torch.randn(8, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        live = graphs.capture(lambda x: torch.softmax(lin(x), -1), x, backend="inductor")
+    target = device.target("cpu", simulate=True)
+    with device.tensors(target), device.autocast(target, torch.bfloat16):
+        fake_lin = torch.nn.Linear(32, 16)
+        sim = graphs.capture(
+            lambda x: torch.softmax(fake_lin(x), -1), torch.randn(8, 32), backend="inductor"
+        )
+    assert sim.nodes() == live.nodes()
+    # A pattern pass folds the backward's permute of a permute; simulation keeps both views.
+    extra = [n for n in sim.nodes("backward") if n not in live.nodes("backward")]
+    assert extra == [("aten.permute", "bf16[32, 16]"), ("aten.permute", "bf16[16, 32]")]
+    flows = [
+        [(r["op"], r["in"], r["out"]) for r in g.flow("backward").records()] for g in (sim, live)
+    ]
+    assert flows[0] == flows[1] and flows[0]
