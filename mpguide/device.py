@@ -8,7 +8,7 @@ import os
 import platform
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -312,18 +312,21 @@ def aten_copy() -> Iterator[None]:
 def tensors(dev: Target) -> Iterator[None]:
     """Where ``dev`` is simulated, make every tensor created inside fake (shapes, dtypes and
     devices only; ops run their meta kernels, ``copy_`` as in :func:`aten_copy`); a live device
-    changes nothing."""
+    changes nothing. Where this build cannot run autograd on the device
+    (:func:`simulates_autograd`), grad mode is off inside, so a module's parameters do not
+    abort the process."""
     if not dev.simulated:
         yield
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    grad = nullcontext() if simulates_autograd(dev.device.type) else torch.no_grad()
     # A meta kernel that raises is logged at ERROR with its traceback; the caller reports it.
     logger = logging.getLogger("torch._subclasses.fake_tensor")
     disabled = logger.disabled
     logger.disabled = True
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False), aten_copy():
+        with FakeTensorMode(allow_non_fake_inputs=False), aten_copy(), grad:
             yield
     finally:
         logger.disabled = disabled

@@ -123,3 +123,23 @@ def test_simulate_restores_every_switch_even_when_the_block_raises():
     )
     assert after == before
     assert type(torch.randn(2)) is torch.Tensor
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_module_with_parameters_on_a_simulated_cuda_does_not_abort():
+    # Autograd on fake CUDA tensors aborts a CPU-only build's process: run it in another one.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from mpguide import device\n"
+        "with device.simulate('cuda', torch.bfloat16) as dev:\n"
+        "    norm = torch.nn.LayerNorm(8, device=dev)\n"
+        "    print(norm(torch.randn(2, 8, device=dev).bfloat16()).dtype)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert proc.stdout == "torch.float32\n"

@@ -70,11 +70,53 @@ else:
     assert ln_inside == torch.bfloat16
 
 # %%
+# The same calls under CUDA autocast
+# ----------------------------------
+# The LayerNorm's answer depends on the device, so here are both. :func:`mpguide.policy.observe`
+# runs a call under bf16 autocast on a device; CUDA is the GPU when this machine has one, else
+# simulated from this build's dispatch rules (fake tensors, no kernel runs).
+from mpguide import policy
+from mpguide.table import Table
+
+
+def matmul(d):
+    return torch.randn(64, 32, device=d).to(torch.bfloat16) @ torch.randn(32, 16, device=d)
+
+
+def layer_norm(d):
+    return torch.nn.LayerNorm(32, device=d)(torch.randn(64, 32, device=d).to(torch.bfloat16))
+
+
+cpu, cuda = device.target("cpu"), device.target("cuda")
+runs = {(name, t.device.type): policy.observe(fn, t)
+        for name, fn in (("bf16 @ fp32 matmul", matmul), ("LayerNorm(fp32)(bf16)", layer_norm))
+        for t in (cpu, cuda)}
+Table(
+    ("call under bf16 autocast", "cpu", "cuda", "casts autocast added on cuda"),
+    tuple(
+        (name, runs[name, "cpu"].out, runs[name, "cuda"].out,
+         ", ".join(f"{device.dtype_name(a)}->{device.dtype_name(b)}"
+                   for a, b in runs[name, "cuda"].casts))
+        for name in ("bf16 @ fp32 matmul", "LayerNorm(fp32)(bf16)")
+    ),
+    f"cpu: {cpu.how}; cuda: {cuda.how}",
+)
+
+# %%
+assert runs["bf16 @ fp32 matmul", "cpu"].out == runs["bf16 @ fp32 matmul", "cuda"].out
+assert runs["bf16 @ fp32 matmul", "cuda"].out == torch.bfloat16
+assert runs["LayerNorm(fp32)(bf16)", "cpu"].out == torch.bfloat16
+assert runs["LayerNorm(fp32)(bf16)", "cuda"].out == torch.float32
+assert (torch.bfloat16, torch.float32) in runs["LayerNorm(fp32)(bf16)", "cuda"].casts
+print("matmul: bf16 on both; LayerNorm: bf16 on the CPU, float32 on CUDA")
+
+# %%
 # What we saw
 # -----------
 # - A bf16 x fp32 matmul raises outside autocast; under autocast it returns bf16.
-# - LayerNorm on a bf16 input under autocast returns the dtype printed above on this device:
-#   it differs between CPU and CUDA, so a table typed for one device is wrong for the other.
+# - LayerNorm with float32 weights on a bf16 input under autocast returns bf16 on the CPU and
+#   float32 on CUDA, where autocast casts the input up: a table typed for one device is wrong
+#   for the other.
 #
 # .. admonition:: References
 #

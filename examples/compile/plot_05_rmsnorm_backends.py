@@ -91,6 +91,27 @@ if dev.type == "cpu":
     assert hand_differ[graphs.EMULATE] > 0
 
 # %%
+# The rounding is in the graph on both devices: inductor's post-decomposition graph for the
+# hand-written form converts the normalised activation to bf16 before the weight multiply, on the
+# CPU and for CUDA (from a GPU, or simulated from this build's dispatch rules). Dropping it
+# happens later, in the generated kernel; whether CUDA's kernel drops it too needs hardware.
+cuda = device.target("cuda")
+with device.tensors(cuda):
+    cuda_x, cuda_w = graphs.inputs([f"bf16[64, {D}]", f"bf16[{D}]"], cuda.device)
+    cuda_hand = graphs.capture(handwritten, cuda_x, cuda_w, backend="inductor")
+cpu_hand = graphs.capture(handwritten, x.cpu(), w.cpu(), backend="inductor")
+
+
+def to_bf16(g):
+    return [t for op, t in g.nodes() if op == "prims.convert_element_type" and t.startswith("bf16")]
+
+
+print(f"bf16 conversions, {cpu_hand.label}: {to_bf16(cpu_hand)}; {cuda_hand.label}: "
+      f"{to_bf16(cuda_hand)}")
+assert to_bf16(cpu_hand) == to_bf16(cuda_hand) == [f"bf16[64, {D}]"]
+graphs.side_by_side(cpu_hand, cuda_hand)
+
+# %%
 # The built-in form has no intermediate rounding
 # ----------------------------------------------
 # With bf16 input and weight, eager's ``rms_norm`` computes in float32 and rounds once at the
@@ -175,6 +196,8 @@ if dev.type == "cpu":
 #   bf16 and changes about a quarter of the elements (more accurately);
 #   ``emulate_precision_casts``, as a config or an environment variable, restores the rounding.
 # - The built-in ``F.rms_norm`` in bf16 rounds once, so emulation changes nothing.
+# - Inductor's graph keeps the intermediate rounding on the CPU and for CUDA alike; the CPU
+#   kernel drops it, and what CUDA's kernel does needs a GPU.
 # - What differs after emulation is a few elements, each one bf16 step, each at a float32 value
 #   beside a bf16 rounding midpoint: the float32 reductions run in another order.
 #

@@ -87,6 +87,24 @@ assert len({same[b].item() for b in backends}) == 1
 assert same["eager"].item() == in_float32.item()
 
 # %%
+# The same graphs for CUDA
+# ------------------------
+# The graph each backend receives on CUDA (from a GPU, or simulated from this build's dispatch
+# rules where there is none) has the same two bf16 intermediates: the rounding is in the graph on
+# both devices. Whether CUDA's generated kernel drops it, as the CPU's does, is a question about
+# code generation and numerics: it needs hardware, and the recorded GPU results answer it.
+cuda = device.target("cuda")
+with device.tensors(cuda):
+    (cuda_x,) = graphs.inputs(["bf16[256, 1024]"], cuda.device)
+    cuda_graphs = {b: graphs.capture(scale_bf16_amax, cuda_x, backend=b)
+                   for b in ("aot_eager", "inductor")}
+for b, g in cuda_graphs.items():
+    kinds = {op: t for op, t in g.nodes() if op in ("aten.reciprocal", "aten.mul.Tensor")}
+    print(f"{g.label}: reciprocal {kinds['aten.reciprocal']}, mul {kinds['aten.mul.Tensor']}")
+    assert kinds == {"aten.reciprocal": "bf16[]", "aten.mul.Tensor": "bf16[]"}, b
+graphs.side_by_side(aot, cuda_graphs["aot_eager"])
+
+# %%
 # Does the rounding matter?
 # -------------------------
 # The bf16 scale can round up, and then ``amax * scale`` lands above the fp8 maximum. For every
@@ -110,6 +128,8 @@ assert ((values.float() * (1 / values.float()) * FP8_MAX) <= FP8_MAX * (1 + 2**-
 # - With a bf16 ``amax``, ``FP8_MAX / amax`` is a bf16 reciprocal and a bf16 product: eager and
 #   ``aot_eager`` round twice, inductor computes in float32 and returns a different scale.
 # - ``emulate_precision_casts`` gives eager's scale under inductor.
+# - The graphs for CUDA carry the same bf16 reciprocal and product; what its kernels compute
+#   needs a GPU.
 # - Taking ``amax`` to float32 first makes every backend agree.
 # - A bf16 scale rounded up pushes ``amax * scale`` past the fp8 maximum for about half of all
 #   bf16 ``amax`` values in [1, 16); the saturating cast clips the largest element.
