@@ -175,9 +175,10 @@ if dev.type == "cpu":
 #   as labelled): dropping the rounding is a decision of code generation, not of the graph.
 # - ``torch._inductor.config.emulate_precision_casts`` restores the roundings; on the CPU of this
 #   torch the result then equals eager bit for bit (the line printed above says whether it did
-#   on this build's device). Set it, through
-#   ``torch._inductor.config.patch``, when you need compiled results to match eager, not to be
-#   more accurate.
+#   on this build's device). Set it, through ``torch._inductor.config.patch``, when you need
+#   compiled results closer to eager than to float64. It restores roundings, not the order of
+#   reductions: on a bf16 RMSNorm a few elements still differ from eager (the RMSNorm page of
+#   this chapter counts them).
 #
 # .. admonition:: References
 #
