@@ -36,6 +36,7 @@ from __future__ import annotations
 import codecs
 import gc
 import gzip
+import logging
 import math
 import os
 import pickle
@@ -58,7 +59,7 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
-from mpguide import MPGuideError
+from mpguide import MPGuideError, error_line
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 PYTHON, ANNOTATION, OP = "python_function", "user_annotation", "cpu_op"
@@ -480,6 +481,8 @@ def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=Non
     return parts[0] if len(parts) == 1 else _joined(parts, where)
 
 
+log = logging.getLogger(__name__)
+
 _WINDOW = 1 << 20
 _SHARE = 0.6  # of the file decoded here: the worker first starts Python and imports
 _WORKER = "import sys; from mpguide.trace import _work; _work(sys.argv[1:])"
@@ -495,13 +498,16 @@ def _load_halves(path: Path, args_of) -> list[Trace] | None:
         f.seek(middle := int(size * _SHARE))
         found = _BOUNDARY.search(f.read(_WINDOW))
     if found is None or not sys.executable:
+        log.info("%s: decoded in one piece: no event boundary near the cut", path)
         return None
     cut, start = middle + found.start() + 1, middle + found.start(1)
     head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
     try:
         return _with_worker(path, cut, start, head, tail, args_of)
-    except (OSError, EOFError, pickle.UnpicklingError):
-        return None  # no temporary folder, no worker or an unreadable result: one piece
+    except (OSError, EOFError, pickle.UnpicklingError) as err:
+        # No temporary folder, no worker or an unreadable result: one piece, and why.
+        log.info("%s: decoded in one piece: the worker failed: %s", path, error_line(err))
+        return None
 
 
 def _with_worker(
@@ -514,12 +520,15 @@ def _with_worker(
     path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
     with tempfile.TemporaryDirectory(prefix="mpguide-") as folder:
         out = Path(folder) / "rest.pickle"
-        worker = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(out), keep],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list)},
-        )
+        errors = Path(folder) / "stderr"
+        argv = [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(out)]
+        with errors.open("wb") as stderr:
+            worker = subprocess.Popen(
+                [*argv, keep],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list)},
+            )
         first = None
         try:
             first = _piece(path, 0, cut, b"", head, args_of)
@@ -527,7 +536,12 @@ def _with_worker(
             if first is None:
                 worker.kill()
             status = worker.wait()
-        if first is None or status != 0:
+        if first is None:
+            log.info("%s: decoded in one piece: the first part does not decode alone", path)
+            return None
+        if status != 0:
+            said = errors.read_text(errors="replace").strip().splitlines() or ["nothing on stderr"]
+            log.info("%s: decoded in one piece: the worker exited %d: %s", path, status, said[-1])
             return None
         with out.open("rb") as f:
             return [first, pickle.load(f)]

@@ -438,12 +438,20 @@ def test_files_that_do_not_split_decode_in_one_piece(tmp_path, monkeypatch):
         trace.load(broken)
 
 
-def test_a_load_without_a_worker_decodes_in_one_piece(tmp_path, monkeypatch):
+def test_a_load_without_a_worker_decodes_in_one_piece(tmp_path, monkeypatch, caplog):
     path = write_generated(tmp_path / "t.json", 100, "object")
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(trace.sys, "executable", str(tmp_path / "no-python"))
     assert trace._load_halves(path, None) is None
+    assert "decoded in one piece: the worker failed: FileNotFoundError" in caplog.text
     same_trace(trace.load(path), trace.parse(path.read_bytes(), str(path)))
+
+
+def test_a_worker_that_crashes_says_why(tmp_path, monkeypatch, caplog):
+    path = write_generated(tmp_path / "t.json", 100, "object")
+    monkeypatch.setattr(trace, "_WORKER", "raise SystemExit('worker gave up')")
+    assert trace._load_halves(path, None) is None
+    assert "decoded in one piece: the worker exited 1: worker gave up" in caplog.text
 
 
 def test_events_are_a_sequence():
