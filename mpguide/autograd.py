@@ -331,7 +331,7 @@ class DtypeLog(dtypes.Log):
         return ", ".join(name for name in fed if name is not None)
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        super().record(func, args, kwargs, out)
+        """Keep one op as an :class:`OpRecord`, with its phase and autograd node."""
         node = torch._C._current_autograd_node()
         ins, outs = _metas((args, kwargs)), _metas(out)
         if node is None:

@@ -101,10 +101,7 @@ def _load_factory(spec: str):
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise MPGuideError(f"cannot import {module_name!r}: {err}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise MPGuideError(f"{module_name!r} has no function {attr!r}")
-    return factory
+    return _function(module, repr(module_name), attr)
 
 
 def _inference(args: argparse.Namespace) -> str:
@@ -149,9 +146,14 @@ def _load_function(spec: str):
         module_spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 -- the reader's file: named in one line
         raise MPGuideError(f"{path} raised {error_line(err)} on import") from None
+    return _function(module, path, name)
+
+
+def _function(module, where: str, name: str):
+    """``module.name`` if it is callable, else one line saying ``where`` has no such function."""
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise MPGuideError(f"{path} has no function {name!r}")
+        raise MPGuideError(f"{where} has no function {name!r}")
     return fn
 
 
@@ -168,9 +170,10 @@ def _graph(args: argparse.Namespace) -> str:
             f"no backward graph on a simulated {target.device.type}: torch {torch.__version__} "
             "cannot run autograd there (a build with that device can)"
         )
-    low = None if args.autocast is None else device.dtype(args.autocast)
-    if low not in (None, torch.bfloat16, torch.float16):
-        raise MPGuideError(f"--autocast takes bfloat16 or float16, not {args.autocast}")
+    try:
+        low = None if args.autocast is None else device.autocast_dtype(args.autocast)
+    except MPGuideError as err:
+        raise MPGuideError(f"--{err}") from None
     with device.tensors(target):
         inputs = graphs.inputs(args.inputs, target.device, requires_grad=args.backward)
         try:

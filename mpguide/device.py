@@ -79,7 +79,12 @@ def dtype(name: str | torch.dtype) -> torch.dtype:
     return _DTYPES[key]
 
 
-_as_dtype = dtype
+def autocast_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A dtype autocast takes (bfloat16 or float16), or ``MPGuideError``."""
+    dt = dtype(name)
+    if dt not in (torch.bfloat16, torch.float16):
+        raise MPGuideError(f"autocast takes bfloat16 or float16, not {dtype_name(dt)}")
+    return dt
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -195,6 +200,12 @@ def present(dev_type: str) -> bool:
         return False
 
 
+def label(dev_type: str, how: str) -> str:
+    """``cuda (simulated)`` or ``cpu (ran on hardware)``: a device and how its results were
+    obtained, for column headers and titles."""
+    return f"{dev_type} ({'simulated' if how == SIMULATED else how})"
+
+
 @dataclass(frozen=True)
 class Target:
     """A device to probe: real hardware when present, else simulated from dispatch rules."""
@@ -206,11 +217,6 @@ class Target:
     def how(self) -> str:
         """How results on this target are obtained: :data:`LIVE` or :data:`SIMULATED`."""
         return SIMULATED if self.simulated else LIVE
-
-    @property
-    def label(self) -> str:
-        """``cuda (simulated)`` or ``cpu (ran on hardware)``."""
-        return f"{self.device.type} ({'simulated' if self.simulated else LIVE})"
 
     def describe(self) -> Machine:
         """The machine the results come from: the device itself, or this build simulating it."""
@@ -242,11 +248,6 @@ def target(name: str | torch.device | None = None, simulate: bool = False) -> Ta
     if not simulate and present(dev.type):
         return Target(resolve(str(dev)) if dev.type in _DEVICE_TYPES else dev, simulated=False)
     return Target(torch.device(dev.type), simulated=True)
-
-
-def targets(simulate: bool = False) -> tuple[Target, ...]:
-    """Every device type this build can simulate, each live where present."""
-    return tuple(target(t, simulate) for t in simulated_types())
 
 
 @contextmanager
@@ -343,5 +344,5 @@ def simulate(dev_type: str, dtype: torch.dtype | str | None = None) -> Iterator[
             torch.softmax(x, -1).dtype  # torch.float32: CUDA autocast runs softmax in float32
     """
     t = target(dev_type, simulate=True)
-    with tensors(t), autocast(t, None if dtype is None else _as_dtype(dtype)):
+    with tensors(t), autocast(t, None if dtype is None else autocast_dtype(dtype)):
         yield t.device

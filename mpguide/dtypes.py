@@ -98,7 +98,7 @@ class Log(TorchDispatchMode):
 
     def conversions(self) -> list[tuple[torch.dtype, torch.dtype]]:
         """The floating-point conversions logged, in order."""
-        return [c.conversion for c in self.calls if c.conversion is not None]
+        return [pair for c in self.calls if (pair := c.conversion) is not None]
 
     def table(self, caption: str = "") -> Table:
         """The calls, one row each: op, input dtypes, ``dtype=`` argument, output dtype."""

@@ -341,7 +341,7 @@ class Graphs:
     @property
     def label(self) -> str:
         """``inductor, cuda (simulated)``: the backend and where its graphs come from."""
-        return f"{self.backend}, {self.device} ({'simulated' if self.simulated else self.how})"
+        return f"{self.backend}, {_device.label(self.device, self.how)}"
 
     @property
     def obtained(self) -> str:

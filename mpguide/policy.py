@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import MPGuideError, dtypes, error_line
 from mpguide import device as _device
+from mpguide import dtypes, error_line
 from mpguide.table import Table
 
 LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED, NEEDS_HARDWARE = (
@@ -381,7 +381,7 @@ def observe(
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
     op = Op(getattr(fn, "__name__", "fn"), "", lambda t: (t.dev,), fn)
     with _device.tensors(target):
-        return run(op, (target.device,), target, _low(dtype))
+        return run(op, (target.device,), target, _device.autocast_dtype(dtype))
 
 
 def _cast_floats(args: tuple, kinds: Sequence[torch.dtype]) -> tuple:
@@ -612,13 +612,6 @@ def _out(r: Run | None, undecided: bool = False) -> str:
     return "error" if r.error else _device.dtype_name(r.out) if r.out else "-"
 
 
-def _low(dtype: torch.dtype | str) -> torch.dtype:
-    dtype = _device.dtype(dtype)
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise MPGuideError(f"autocast takes bfloat16 or float16, not {_device.dtype_name(dtype)}")
-    return dtype
-
-
 def probe(
     dev: _device.Target | torch.device | str | None = None,
     dtype: torch.dtype | str = torch.bfloat16,
@@ -631,15 +624,11 @@ def probe(
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
     build's dispatch rules (see :func:`mpguide.device.target`); the result says so.
     """
-    dtype = _low(dtype)
+    dtype = _device.autocast_dtype(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
     gaps = meta_gaps(dtype, tuple(ops)) if target.simulated else {}
     probes = tuple(probe_op(op, target, dtype, seed, gaps.get(op.name)) for op in ops)
     return Policy(target.device.type, dtype, target.describe(), probes, target.how)
-
-
-def _label(p: Policy) -> str:
-    return f"{p.device} ({'simulated' if p.how == _device.SIMULATED else p.how})"
 
 
 def differences(a: Policy, b: Policy) -> Table:
@@ -649,7 +638,7 @@ def differences(a: Policy, b: Policy) -> Table:
         na, nb = _device.dtype_name(a.dtype), _device.dtype_name(b.dtype)
         where = f"on {a.device}"
     else:
-        na, nb = _label(a), _label(b)
+        na, nb = _device.label(a.device, a.how), _device.label(b.device, b.how)
         where = f"for {_device.dtype_name(a.dtype)}"
     rows = tuple(
         (pa.op, pa.family, pa.kind, pb.kind, pb.note or pa.note)
@@ -675,7 +664,7 @@ class Devices:
     @property
     def labels(self) -> tuple[str, ...]:
         """``cpu (ran on hardware)``, ``cuda (simulated)``, ... in column order."""
-        return tuple(_label(p) for p in self.policies)
+        return tuple(_device.label(p.device, p.how) for p in self.policies)
 
     @property
     def caption(self) -> str:
@@ -734,6 +723,6 @@ def across(
 ) -> Devices:
     """Probe ``dtype`` on each of ``devices`` (default: every device type this build's
     autocast can simulate), live where present, simulated elsewhere."""
-    dtype = _low(dtype)
+    dtype = _device.autocast_dtype(dtype)
     names = _device.simulated_types() if devices is None else devices
     return Devices(dtype, tuple(probe(d, dtype, ops, simulate=simulate) for d in names))
