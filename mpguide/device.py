@@ -240,13 +240,13 @@ def target(name: str | torch.device | None = None, simulate: bool = False) -> Ta
         dev = torch.device(name)
     except RuntimeError:
         dev = None
-    known = simulated_types()
+    if dev is not None and not simulate and present(dev.type):
+        return Target(resolve(str(dev)) if dev.type in _DEVICE_TYPES else dev, simulated=False)
+    known = simulated_types()  # reads the dispatcher once: only a simulation needs it
     if dev is None or dev.type not in known:
         raise MPGuideError(
             f"unknown device {str(name)!r}; this build's autocast knows {', '.join(known)}"
         )
-    if not simulate and present(dev.type):
-        return Target(resolve(str(dev)) if dev.type in _DEVICE_TYPES else dev, simulated=False)
     return Target(torch.device(dev.type), simulated=True)
 
 
