@@ -85,7 +85,7 @@ def _casts(args: argparse.Namespace) -> str:
     tree = trace.load(args.trace, args_of=casts.needs_args).tree()
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
-    report = trace.casts(tree)
+    report = casts.report(tree)
     if args.by == "cast":
         return report.table().render(args.format)
     return report.summary(args.by).render(args.format)

@@ -1248,9 +1248,3 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     )
     return Tree(trace, included, parent, depth, order, anomalies, is_gpu)
 
-
-def casts(tree: Tree):
-    """The cast report of a tree: see :func:`mpguide.casts.report`."""
-    from mpguide.casts import report
-
-    return report(tree)

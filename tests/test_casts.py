@@ -47,7 +47,7 @@ def to_chain(ts, shape, src, dst, code, dur=10.0, concrete=True):
 
 
 def test_real_autocast_matmul_casts():
-    report = trace.casts(trace.load(DATA / "autocast_matmul.json.gz").tree())
+    report = casts.report(trace.load(DATA / "autocast_matmul.json.gz").tree())
     by_cause = {c.cause: c for c in report}
     down = by_cause["aten::matmul"]
     assert (down.source, down.target, down.direction) == ("float32", "bfloat16", "down-cast")
@@ -60,7 +60,7 @@ def test_real_autocast_matmul_casts():
 
 
 def test_real_train_step_finds_backward_casts():
-    report = trace.casts(trace.load(DATA / "train_step.json.gz").tree())
+    report = casts.report(trace.load(DATA / "train_step.json.gz").tree())
     backward = [c for c in report if c.backward]
     assert backward and all(c.pass_ == "backward" for c in backward)
     assert any(c.cause == "ToCopyBackward0" and c.source == "bfloat16" for c in backward)
@@ -199,10 +199,10 @@ def test_a_trace_keeping_only_the_args_casts_read_gives_the_same_report(
     path = tracegen.write(tmp_path / "t.json", 400, python=True, gpu=True, threads=2)
     if parallel:
         monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
-    whole = trace.casts(trace.load(path).tree(python=True))
+    whole = casts.report(trace.load(path).tree(python=True))
     lean = trace.load(path, args_of=casts.needs_args)
     assert sum(map(len, lean.args.blobs)) < sum(map(len, trace.load(path).args.blobs)) / 2
-    assert trace.casts(lean.tree(python=True)).table() == whole.table()
+    assert casts.report(lean.tree(python=True)).table() == whole.table()
     assert lean.tree().anomalies == trace.load(path).tree().anomalies
     add = lean.tree().find("aten::add")[0]
     with pytest.raises(MPGuideError, match=f"args of event {add.id} were not kept"):

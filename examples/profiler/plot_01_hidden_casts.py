@@ -5,7 +5,7 @@ The hidden casts of an autocast matmul
 Under :func:`torch.autocast`, a matmul of a bf16 activation with an fp32 weight runs in bf16,
 so something converts the weight, and nobody wrote that line. We profile one such matmul
 with :func:`mpguide.profiling.profile_fn`, print the call tree with the dtypes the profiler
-recorded, and let :func:`mpguide.trace.casts` find the conversion: an ``aten::to`` of the
+recorded, and let :func:`mpguide.casts.report` find the conversion: an ``aten::to`` of the
 fp32 operand, made inside ``aten::matmul`` before the bf16 matmul runs.
 """
 
@@ -71,11 +71,11 @@ if dev.type == "cuda":
 # %%
 # The cast report
 # ---------------
-# :func:`mpguide.trace.casts` finds every conversion whose source and target dtypes differ,
+# :func:`mpguide.casts.report` finds every conversion whose source and target dtypes differ,
 # and names the op that caused it: the nearest ancestor that is not itself a cast.
-from mpguide import trace
+from mpguide import casts
 
-report = trace.casts(tree)
+report = casts.report(tree)
 report.table()
 
 # %%

@@ -27,7 +27,7 @@ device.describe(dev)
 # ------------------------
 # A float32 LayerNorm applied to a bf16 activation, inside autocast, profiled over five
 # steps so that one slow step does not decide the figures.
-from mpguide import trace
+from mpguide import casts
 from mpguide.profiling import profile_fn
 
 gen = torch.Generator(device=dev).manual_seed(0)
@@ -42,7 +42,7 @@ def autocast_norm():
 
 out_dtype = autocast_norm().dtype
 tree = profile_fn(autocast_norm, active=5).tree()
-report = trace.casts(tree)
+report = casts.report(tree)
 print(f"LayerNorm on a bf16 input under {dev.type} autocast returns {out_dtype}")
 print(tree.render(tree.find("aten::layer_norm")[0], fields=["Input type"], depth=2))
 
@@ -76,7 +76,7 @@ def fp32_norm():
 
 assert fp32_norm().dtype == torch.bfloat16
 manual = profile_fn(fp32_norm, active=5).tree()
-manual_report = trace.casts(manual)
+manual_report = casts.report(manual)
 manual_report.summary("pair")
 
 # %%
@@ -164,7 +164,7 @@ compiled_rms = torch.compile(autocast_rms)
 quiet(compiled_rms)()
 per_step = {}
 for name, fn in (("eager", autocast_rms), ("inductor", compiled_rms)):
-    found = [c for c in trace.casts(profile_fn(quiet(fn), active=5).tree()) if c.shape]
+    found = [c for c in casts.report(profile_fn(quiet(fn), active=5).tree()) if c.shape]
     pairs = sorted({(c.source, c.target) for c in found})
     per_step[name] = [(*p, sum((c.source, c.target) == p for c in found) // 5) for p in pairs]
     print(f"RMSNorm under autocast, {name}: tensor casts per step (source, target, count): "

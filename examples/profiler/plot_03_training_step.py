@@ -67,11 +67,11 @@ def train_step():
 # %%
 # Profile one step and report its casts
 # -------------------------------------
-from mpguide import trace
+from mpguide import casts
 from mpguide.profiling import profile_fn
 
 tree = profile_fn(train_step).tree()
-report = trace.casts(tree)
+report = casts.report(tree)
 report.summary("cause")
 
 # %%

@@ -56,14 +56,14 @@ print(f"wrote {path.name}: {path.stat().st_size / 1024:.1f} KiB, {len(recorded.e
 # shapes of the tree and of the cast report come from them.
 from torch.profiler import ProfilerActivity, profile
 
-from mpguide import trace
+from mpguide import casts, trace
 
 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
 with profile(activities=acts, record_shapes=True) as prof:
     step()
 own = workdir / "plain_profiler.json"
 prof.export_chrome_trace(str(own))
-plain = trace.casts(trace.load(own).tree())
+plain = casts.report(trace.load(own).tree())
 assert {(c.cause, c.source, c.target) for c in plain} >= {("aten::linear", "float32", "bfloat16")}
 print(f"{len(plain)} casts in {own.name}")
 
