@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mpguide import MPGuideError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from mpguide.autograd import DtypeLog
+    from mpguide.graphs import Graphs
     from mpguide.policy import Devices
+    from mpguide.table import Table
 
 # One colour per autocast class, in the order of mpguide.policy.CLASSES.
 CLASS_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#d9d9d9", "#c44e52", "#8172b2")
@@ -49,4 +55,283 @@ def policy_map(devices: Devices, only_differing: bool = False) -> Figure:
         frameon=False,
     )
     fig.tight_layout()
+    return fig
+
+
+# -- dtypes, as grids and strips --------------------------------------------------------------
+
+# One colour per dtype, and per outcome that is not a dtype, in every dtype figure; the outcomes
+# share their colour with the autocast class of the same meaning in CLASS_COLOURS.
+DTYPE_COLOURS = {
+    "float64": "#64b5cd",
+    "float32": "#4c72b0",
+    "bfloat16": "#dd8452",
+    "float16": "#55a868",
+    "error": "#c44e52",
+    "needs hardware": "#8172b2",
+    "none": "#d9d9d9",
+    "other": "#f2f2f2",
+}
+_SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+_LONG = {short: name for name, short in _SHORT.items()}
+_CONVERSION_EDGE = "#222222"
+
+
+def dtype_key(value: Any) -> str:
+    """The key of :data:`DTYPE_COLOURS` a value stands for: a dtype (``torch.bfloat16``,
+    ``'bfloat16'``, ``'bf16[8, 4]'``), ``'error'`` (an error or ``'raised'``), ``'needs
+    hardware'``, ``'none'`` (nothing, ``''``), or ``'other'``."""
+    from mpguide.table import cell
+
+    text = cell(value).strip()
+    word = text.split("[", 1)[0]
+    word = _LONG.get(word, word)
+    if word in _SHORT or word in ("needs hardware", "none"):
+        return word
+    if not text or text == "-":
+        return "none"
+    if text.startswith(("error", "raise")):
+        return "error"
+    return "other"
+
+
+def _ink(key: str) -> str:
+    """Text colour that reads on a cell of ``key``'s colour."""
+    return (
+        "white" if key in ("float32", "bfloat16", "float16", "error", "needs hardware") else "black"
+    )
+
+
+def _dtype_legend(fig: Figure, keys: Sequence[str], conversions: bool = False) -> None:
+    from matplotlib.patches import Patch
+
+    used = [k for k in DTYPE_COLOURS if k in keys and k != "other"]
+    handles = [Patch(facecolor=DTYPE_COLOURS[k], label=k) for k in used]
+    if conversions:
+        handles.append(
+            Patch(facecolor="white", edgecolor=_CONVERSION_EDGE, linewidth=2, label="conversion")
+        )
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 4),
+        fontsize=8,
+        frameon=False,
+    )
+
+
+def _title(fig: Figure, text: str, fontsize: float = 9) -> None:
+    """A title over the whole figure, wrapped to its width."""
+    import textwrap
+
+    if text:
+        chars = int(fig.get_figwidth() * 72 / (0.55 * fontsize))
+        fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
+
+
+def dtype_grid(table: Table, columns: Sequence[str] | None = None, title: str = "") -> Figure:
+    """The cells of ``columns`` (default: every column but the first) of each row of ``table``,
+    labelled by the row's first cell, each coloured by the dtype or outcome it names
+    (:func:`dtype_key`) and showing it (a dtype by its short name, ``bf16``)."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from mpguide.table import cell
+
+    columns = list(columns or table.columns[1:])
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise MPGuideError(f"no column {missing[0]!r}; the table has {', '.join(table.columns)}")
+    index = [table.columns.index(c) for c in columns]
+    labels = [cell(r[0]) for r in table.rows]
+    keys = [[dtype_key(r[i]) for i in index] for r in table.rows]
+    label_in = 0.065 * max(map(len, labels), default=1) + 0.3
+    fig, ax = plt.subplots(
+        figsize=(max(5.0, label_in + 1.25 * len(columns) + 0.4), 0.3 * len(labels) + 1.9),
+        layout="constrained",
+    )
+    for y, (row, row_keys) in enumerate(zip(table.rows, keys, strict=True)):
+        for x, (i, key) in enumerate(zip(index, row_keys, strict=True)):
+            ax.add_patch(
+                Rectangle((x, y), 1, 1, facecolor=DTYPE_COLOURS[key], edgecolor="white", lw=1.5)
+            )
+            short = _SHORT.get(key, "error" if key == "error" else None)
+            text = short or textwrap.shorten(cell(row[i]), 18, placeholder="…")
+            ax.text(x + 0.5, y + 0.5, text, ha="center", va="center", fontsize=8, color=_ink(key))
+    ax.set_xlim(0, len(columns))
+    ax.set_ylim(len(labels), 0)
+    ax.set_xticks([x + 0.5 for x in range(len(columns))], [textwrap.fill(c, 16) for c in columns])
+    ax.set_yticks([y + 0.5 for y in range(len(labels))], labels)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0, labelsize=8)
+    ax.spines[:].set_visible(False)
+    _title(fig, title)
+    _dtype_legend(fig, [k for row in keys for k in row])
+    return fig
+
+
+# One box of a strip: its label, its dtype (or outcome), and whether it is a conversion.
+Box = tuple[str, Any, bool]
+
+
+def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure:
+    """One strip per entry: a box per step (an op, a stage), coloured by its dtype
+    (:func:`dtype_key`), labelled underneath, and outlined where it is a conversion."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    longest = max((len(label) for boxes in strips.values() for label, _, _ in boxes), default=1)
+    n = max((len(boxes) for boxes in strips.values()), default=1)
+    fig, axes = plt.subplots(
+        len(strips),
+        1,
+        figsize=(max(6.0, 0.34 * n + 1.0), len(strips) * (0.75 + 0.068 * longest) + 1.0),
+        layout="constrained",
+        squeeze=False,
+    )
+    keys = []
+    for ax, (name, boxes) in zip(axes[:, 0], strips.items(), strict=True):
+        for x, (_, dtype, conversion) in enumerate(boxes):
+            key = dtype_key(dtype)
+            keys.append(key)
+            ax.add_patch(
+                Rectangle(
+                    (x + 0.06, 0),
+                    0.88,
+                    1,
+                    facecolor=DTYPE_COLOURS[key],
+                    edgecolor=_CONVERSION_EDGE if conversion else "none",
+                    lw=2.2 if conversion else 0,
+                )
+            )
+            if key in _SHORT:
+                ax.text(
+                    x + 0.5,
+                    0.5,
+                    _SHORT[key],
+                    ha="center",
+                    va="center",
+                    fontsize=6.5,
+                    rotation=90,
+                    color=_ink(key),
+                )
+        ax.set_xlim(0, n)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal", anchor="W")
+        ax.set_xticks([x + 0.5 for x in range(len(boxes))], [b[0] for b in boxes], rotation=90)
+        ax.set_yticks([])
+        ax.tick_params(length=0, labelsize=7)
+        ax.spines[:].set_visible(False)
+        ax.set_title(textwrap.fill(name, int(fig.get_figwidth() * 16)), fontsize=8, loc="left")
+    _title(fig, title)
+    _dtype_legend(fig, keys, conversions=True)
+    return fig
+
+
+def _op_label(op: str) -> str:
+    return op.removeprefix("aten.").removeprefix("prims.").removesuffix(".default")
+
+
+def graph_strips(
+    *captures: Graphs, which: str | Sequence[str] = "forward", title: str = ""
+) -> Figure:
+    """The dtype flow of captured graphs: one strip per capture and graph (``which``: forward,
+    backward or both; a capture without that graph is left out), a box per op node coloured by
+    the dtype it returns, conversions outlined (those :meth:`Graphs.flow` calls conversions)."""
+    import torch
+
+    def first_dtype(node):
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else (val,)
+        return next((v.dtype for v in vals if isinstance(v, torch.Tensor)), None)
+
+    whiches = (which,) if isinstance(which, str) else tuple(which)
+    strips = {}
+    for g in captures:
+        for w in whiches:
+            if w not in g.graphs():
+                continue
+            converted = {r["node"] for r in g.flow(w).records() if r["change"] == "conversion"}
+            strips[f"{g.label}: {w}"] = [
+                (_op_label(str(n.target)), first_dtype(n), n.name in converted)
+                for n in g.graphs()[w].graph.nodes
+                if n.op == "call_function"
+            ]
+    return dtype_strips(strips, title)
+
+
+def log_strips(log: DtypeLog, phases: Sequence[str] | None = None, title: str = "") -> Figure:
+    """The ops a :class:`~mpguide.autograd.DtypeLog` saw, one strip per phase (default: every
+    phase, in order), a box per op coloured by its output dtype, casts outlined; a backward op
+    that produces a parameter's gradient names the parameter."""
+    strips = {
+        phase: [
+            (
+                _op_label(r.op) + (f" ({r.param})" if r.param else ""),
+                r.outputs[0].dtype if r.outputs else None,
+                r.is_cast,
+            )
+            for r in log.select(phase)
+        ]
+        for phase in (phases or log.phases())
+    }
+    return dtype_strips(strips, title)
+
+
+# -- backends -----------------------------------------------------------------------------------
+
+# One colour per group of bars, in order.
+GROUP_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#8172b2")
+
+
+def backend_bars(
+    values: Mapping[str, Mapping[str, float | None]],
+    ylabel: str,
+    title: str = "",
+    log: bool = True,
+) -> Figure:
+    """Grouped bars: one group per backend (in order of first appearance), one bar per entry
+    of ``values`` (``{group: {backend: value}}``), each labelled with its value. ``None`` is a
+    backend that raised, marked ``raised``; on a log scale a zero is marked ``0``."""
+
+    import matplotlib.pyplot as plt
+
+    if len(values) > len(GROUP_COLOURS):
+        raise MPGuideError(f"at most {len(GROUP_COLOURS)} groups of bars, got {len(values)}")
+    backends = list(dict.fromkeys(b for v in values.values() for b in v))
+    positive = [x for v in values.values() for x in v.values() if x]
+    floor = min(positive, default=1.0) / 10 if log else 0.0
+    width = 0.8 / len(values)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(backends) + 1.6), 3.8), layout="constrained")
+    for g, (group, per_backend) in enumerate(values.items()):
+        xs = [i - 0.4 + width * (g + 0.5) for i, b in enumerate(backends) if b in per_backend]
+        vs = [per_backend[b] for b in backends if b in per_backend]
+        heights = [v - floor if v else 0 for v in vs]
+        bars = ax.bar(xs, heights, width * 0.92, bottom=floor, color=GROUP_COLOURS[g], label=group)
+        for bar, v in zip(bars, vs, strict=True):
+            text = "raised" if v is None else "0" if v == 0 else f"{v:.2g}"
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, (v or floor) if log else (v or 0)),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color=DTYPE_COLOURS["error"] if v is None else "black",
+            )
+    if log:
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=floor, top=max(positive, default=1.0) * 8)
+    ax.set_xticks(range(len(backends)), [b.replace("+", "+\n") for b in backends], fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    if len(values) > 1:
+        ax.legend(fontsize=8, frameon=False)
+    _title(fig, title)
     return fig

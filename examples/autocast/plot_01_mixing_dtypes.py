@@ -111,6 +111,24 @@ assert (torch.bfloat16, torch.float32) in runs["LayerNorm(fp32)(bf16)", "cuda"].
 print("matmul: bf16 on both; LayerNorm: bf16 on the CPU, float32 on CUDA")
 
 # %%
+# Every answer above in one map: each call outside autocast on this build's device and under
+# bf16 autocast on the CPU and on CUDA, coloured by the dtype that came out, or red where the
+# call raised.
+from mpguide import plots
+
+names = ("bf16 @ fp32 matmul", "LayerNorm(fp32)(bf16)")
+outside = {"bf16 @ fp32 matmul": f"error: {matmul_error}", "LayerNorm(fp32)(bf16)": ln_outside}
+_ = plots.dtype_grid(
+    Table(
+        ("call", f"outside autocast, {dev.type}",
+         *(f"autocast, {device.label(t.device.type, t.how)}" for t in (cpu, cuda))),
+        tuple((name, outside[name], runs[name, "cpu"].out, runs[name, "cuda"].out)
+              for name in names),
+    ),
+    title=f"output dtype with one bf16 and one float32 operand, torch {torch.__version__}",
+)
+
+# %%
 # What we saw
 # -----------
 # - A bf16 x fp32 matmul raises outside autocast; under autocast it returns bf16.

@@ -185,6 +185,23 @@ assert returned is out32 and returned.dtype == torch.float32
 assert out16_error is not None
 
 # %%
+# The output dtypes as a map
+# --------------------------
+# Every call above on a bf16 activation, with and without ``dtype=``, under bf16 autocast on
+# the CPU and on CUDA, coloured by the dtype it returned.
+from mpguide import plots
+
+every_call = {**seen, **given}
+_ = plots.dtype_grid(
+    Table(
+        ("call on a bf16 x", *(device.label(t.device.type, t.how) for t in (cpu, cuda))),
+        tuple((name, every_call[name, "cpu"].out, every_call[name, "cuda"].out)
+              for name in (*calls, *with_dtype)),
+    ),
+    title=f"output dtype under bf16 autocast, torch {torch.__version__}",
+)
+
+# %%
 # What we saw
 # -----------
 # - Under bf16 autocast, ``sum``, ``prod``, ``cumsum``, softmax and the norms return float32 on

@@ -100,6 +100,21 @@ print(f"autocast departs from result_type for {len(differs)} of {len(rows)} ops 
 table
 
 # %%
+# As a map, the ops where autocast departs from type promotion on at least one device: what
+# result_type predicts, and what autocast returned on each device, coloured by dtype; red where
+# the op raised, purple where simulation cannot decide.
+from mpguide import plots
+
+_ = plots.dtype_grid(
+    Table(
+        ("op", "result_type", device.label("cpu", cpu.how), device.label("cuda", cuda.how)),
+        tuple((r[0], r[1], r[2], r[4]) for r in differs),
+    ),
+    title=f"bf16 first input, float32 others, under bf16 autocast: {len(differs)} of "
+    f"{len(rows)} ops, torch {torch.__version__}",
+)
+
+# %%
 # Named cases, asserted
 # ---------------------
 # - ``matmul`` and ``linear`` come out bf16 on both devices: the lower-precision list beats
