@@ -184,12 +184,18 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    longest = max((len(label) for boxes in strips.values() for label, _, _ in boxes), default=1)
-    n = max((len(boxes) for boxes in strips.values()), default=1)
+    # At least 14 slots, so that a short strip keeps small boxes (they are square).
+    n = max(14, *(len(boxes) for boxes in strips.values()))
+    width = max(6.0, 0.34 * n + 1.0)
+    box = (width - 0.3) / n  # inches
+    heights = [
+        box + 0.05 * max((len(label) for label, _, _ in boxes), default=1) + 0.25
+        for boxes in strips.values()
+    ]
     fig, axes = plt.subplots(
         len(strips),
         1,
-        figsize=(max(6.0, 0.34 * n + 1.0), len(strips) * (0.75 + 0.068 * longest) + 1.0),
+        figsize=(width, sum(heights) + 0.5 + 0.3 * bool(title)),
         layout="constrained",
         squeeze=False,
     )
@@ -221,7 +227,7 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
                 )
         ax.set_xlim(0, n)
         ax.set_ylim(0, 1)
-        ax.set_aspect("equal", anchor="W")
+        ax.set_aspect("equal", anchor="NW")
         ax.set_xticks([x + 0.5 for x in range(len(boxes))], [b[0] for b in boxes], rotation=90)
         ax.set_yticks([])
         ax.tick_params(length=0, labelsize=7)

@@ -62,6 +62,15 @@ assert "(bfloat16, bfloat16) -> (bfloat16)" in log.signatures("aten.mm", "backwa
 log.casts()
 
 # %%
+# The whole step as strips, one per phase, one box per op in the order it ran, coloured by the
+# dtype it returned, casts outlined: the three casts down to bf16 before ``addmm``, the bf16
+# backward, and a cast up to float32 in front of each parameter's gradient.
+from mpguide import plots
+
+_ = plots.log_strips(log, title=f"one SGD step of Linear(64, 32) under bf16 autocast on "
+                                f"{dev.type}, torch {torch.__version__}")
+
+# %%
 # The autograd graph
 # ------------------
 # :func:`~mpguide.autograd.grad_graph` walks ``grad_fn`` from the loss. Each node shows the

@@ -121,6 +121,36 @@ assert stale.param("weight").grad_in[0].dtype == torch.float32
 stale
 
 # %%
+# Both tables as one map, a row per way of casting, coloured by dtype: cast before the forward,
+# every way ends with a bf16 gradient; cast after it, the gradient keeps the float32 the graph
+# recorded, lands on the old parameter, or backward raises (red). ``Linear(..., dtype=dtype)``
+# has no "after" (n/a): it is built in bf16.
+from mpguide import plots
+from mpguide.table import Table
+
+
+def grad_or_error(row):
+    return row["backward"] if row["backward"] == "raised" else row["weight.grad"]
+
+
+cast_first = {r["method"]: r for r in after.records()}
+_ = plots.dtype_grid(
+    Table(
+        ("method", "cast, then forward: weight.grad",
+         *(f"forward, then cast: {c}" for c in ("weight", "recorded", "weight.grad",
+                                                 "old weight.grad"))),
+        tuple(
+            (method, grad_or_error(cast_first[method]),
+             *((rows[method]["dtype"], rows[method]["recorded"], grad_or_error(rows[method]),
+                rows[method]["old weight.grad"]) if method in rows else ("n/a",) * 4))
+            for method in cast_first
+        ),
+    ),
+    title=f"casting nn.Linear to bf16 before or after the forward, on {dev.type}, "
+    f"torch {torch.__version__}",
+)
+
+# %%
 # Compiled: the backward of a bf16 ``Linear``
 # -------------------------------------------
 # Graph-compiling backends have been seen keeping a bf16 -> float32 -> bf16 cast pair in the

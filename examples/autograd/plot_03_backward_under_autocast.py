@@ -262,6 +262,27 @@ assert compiled_mm["same_as_forward"] == inv_mm[True]
 assert compiled_mm["off"] == inv_mm[False]
 
 # %%
+# The backward matmuls of ``inv(a) @ w`` in one map, eager and compiled, one cell per matmul in
+# the order they ran, coloured by the dtype each returned.
+from mpguide import plots
+
+mm_runs = {
+    "eager, backward inside autocast": inv_mm[True],
+    "eager, backward after autocast": inv_mm[False],
+    **{f"compiled ({name}), backward after": mm for name, mm in compiled_mm.items()},
+}
+n_mm = max(map(len, mm_runs.values()))
+_ = plots.dtype_grid(
+    Table(
+        ("backward of inv(a) @ w", *(f"matmul {i + 1}" for i in range(n_mm))),
+        tuple((name, *(sig.rsplit("-> (", 1)[1].rstrip(")") for sig in mm))
+              for name, mm in mm_runs.items()),
+    ),
+    title=f"output dtype of each backward matmul under autocast({dev.type!r}, bfloat16), "
+    f"torch {torch.__version__}",
+)
+
+# %%
 # What we saw
 # -----------
 # - For Linear, LayerNorm, GELU and MSE, calling backward inside or after autocast runs the

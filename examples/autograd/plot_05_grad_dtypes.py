@@ -345,6 +345,36 @@ assert bf16_to_float32 >= 2
 print("float32 shards, bf16 forward, float32 reduction input and gradient, float32 output")
 
 # %%
+# The same as two strips, in the order the data flows: each box a stage, coloured by its dtype,
+# outlined where FSDP2 changed the dtype of the stage before.
+from mpguide import plots
+
+
+def flow(*stages):
+    """``(stage, dtype)`` pairs as strip boxes, a conversion where the dtype changes."""
+    return [(name, dt, i > 0 and dt != stages[i - 1][1]) for i, (name, dt) in enumerate(stages)]
+
+
+_ = plots.dtype_strips(
+    {
+        "parameters and gradients": flow(
+            ("shard", eager_facts[1]),
+            ("in forward", eager_facts[2][1]),
+            ("gradient", reduce_inputs[0][1][0]),
+            ("reduce-scatter input", reduce_inputs[0][1][-1]),
+            ("gradient shard", eager_facts[5]),
+        ),
+        "activations (output_dtype=float32)": flow(
+            ("model input", torch.get_default_dtype()),
+            ("first Linear's input", eager_facts[2][2]),
+            ("model output", eager_facts[3]),
+        ),
+    },
+    title="FSDP2, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), world size 1, "
+    f"cpu, torch {torch.__version__}",
+)
+
+# %%
 # FSDP2 under ``torch.compile``
 # -----------------------------
 # The same model, first with each block compiled before it is sharded (the usual recipe),
