@@ -45,7 +45,7 @@ def _matmul_into_fp32(x, y, bias):
 
 
 def _compile_backends(dev: torch.device) -> Table:
-    from mpguide import graphs
+    from mpguide import backends
 
     gen = torch.Generator(device=dev).manual_seed(0)
     args = tuple(
@@ -56,7 +56,7 @@ def _compile_backends(dev: torch.device) -> Table:
     def exact(x, y, bias):
         return torch.matmul(x.double(), y.double()) + bias.double()
 
-    return graphs.compare_backends(_matmul_into_fp32, args, reference=exact).table()
+    return backends.compare(_matmul_into_fp32, args, reference=exact).table()
 
 
 def _encoder(dev: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:

@@ -35,7 +35,6 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from mpguide import MPGuideError, dtypes
-from mpguide import device as _device
 from mpguide.table import Table
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -67,7 +66,7 @@ class Meta:
         return self.numel * self.dtype.itemsize
 
     def __str__(self) -> str:
-        return f"{_device.dtype_name(self.dtype)}[{', '.join(map(str, self.shape))}]"
+        return f"{dtypes.name(self.dtype)}[{', '.join(map(str, self.shape))}]"
 
 
 def _names(params: Params | None) -> dict[int, str]:
@@ -169,7 +168,7 @@ class GradGraph:
         rows = tuple(
             (
                 "  " * depth + n.short_name,
-                ", ".join(_device.dtype_name(m.dtype) for m in n.grad_in),
+                ", ".join(dtypes.name(m.dtype) for m in n.grad_in),
                 ", ".join(str(list(m.shape)) for m in n.grad_in),
                 ", ".join(m.device for m in n.grad_in),
                 n.param or "",
@@ -282,7 +281,7 @@ class OpRecord:
         if not self.is_cast:
             return ""
         src, dst = self.source.dtype, self.outputs[0].dtype
-        return f"{_device.dtype_name(src)}->{_device.dtype_name(dst)}"
+        return f"{dtypes.name(src)}->{dtypes.name(dst)}"
 
     @property
     def cast_bytes(self) -> int:
@@ -291,7 +290,7 @@ class OpRecord:
 
     def signature(self) -> str:
         def dts(ms: tuple[Meta, ...]) -> str:
-            return ", ".join(_device.dtype_name(m.dtype) for m in ms)
+            return ", ".join(dtypes.name(m.dtype) for m in ms)
 
         return f"({dts(self.inputs)}) -> ({dts(self.outputs)})"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mpguide import MPGuideError
+from mpguide import MPGuideError, dtypes
 from mpguide import device as _device
 from mpguide.autograd import BACKWARD, DtypeLog, grad_graph
 from mpguide.table import Table
@@ -91,7 +91,7 @@ def convert(
     """
     if method not in METHODS:
         raise MPGuideError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    dtype = _device.dtype(dtype)
+    dtype = dtypes.parse(dtype)
     dev = _device.pick() if dev is None else _device.resolve(str(dev))
     gen = torch.Generator(device=dev).manual_seed(0)
     made_in = dtype if method == "construct" else torch.float32
@@ -145,7 +145,7 @@ def conversions(
             "backward",
         ),
         tuple(r.row() for r in results),
-        f"casting nn.Linear to {_device.dtype_name(_device.dtype(dtype))}, {when}, "
+        f"casting nn.Linear to {dtypes.name(dtypes.parse(dtype))}, {when}, "
         f"torch {torch.__version__}",
         tuple(f"{METHODS[r.method]}: backward raised: {r.error}" for r in results if r.error),
     )

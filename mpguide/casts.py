@@ -20,8 +20,10 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
+from mpguide.calltree import ANNOTATION, OP, PYTHON, Node, Tree
+from mpguide.columns import codes
 from mpguide.table import Table
-from mpguide.trace import ANNOTATION, OP, PYTHON, Node, Tree, codes, paused_gc
+from mpguide.trace import paused_gc
 
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 COMPILED_MARKS = ("_to_copy", "convert_element_type")

@@ -161,7 +161,7 @@ def _graph(args: argparse.Namespace) -> str:
     import msgspec
     import torch
 
-    from mpguide import device, error_line, graphs
+    from mpguide import device, dtypes, error_line, graphs
 
     fn = _load_function(args.function)
     target = device.target(args.device, simulate=True)
@@ -171,7 +171,7 @@ def _graph(args: argparse.Namespace) -> str:
             "cannot run autograd there (a build with that device can)"
         )
     try:
-        low = None if args.autocast is None else device.autocast_dtype(args.autocast)
+        low = None if args.autocast is None else dtypes.autocast_dtype(args.autocast)
     except MPGuideError as err:
         raise MPGuideError(f"--{err}") from None
     with device.tensors(target):

@@ -1,4 +1,5 @@
-"""Pick the device, resolve the names readers type, and describe the machine for captions."""
+"""Pick the device, resolve the device names readers type, simulate another device, and describe
+the machine for captions."""
 
 from __future__ import annotations
 
@@ -14,20 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from mpguide import MPGuideError
+from mpguide import dtypes as _dtypes
 
-_DTYPES = {
-    "float64": torch.float64,
-    "fp64": torch.float64,
-    "double": torch.float64,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
 _DEVICE_TYPES = ("cpu", "cuda")
 
 LIVE = "ran on hardware"
@@ -64,32 +53,6 @@ def resolve(name: str) -> torch.device:
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
     return dev
-
-
-def dtype(name: str | torch.dtype) -> torch.dtype:
-    """Turn a dtype name (``bfloat16``, ``bf16``, ``torch.float16``, ...) into a ``torch.dtype``."""
-    if isinstance(name, torch.dtype):
-        return name
-    key = name.lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise MPGuideError(
-            f"unknown dtype {name!r}; choose one of "
-            f"{', '.join(sorted(set(_DTYPES) - {'float', 'double', 'half'}))}"
-        )
-    return _DTYPES[key]
-
-
-def autocast_dtype(name: str | torch.dtype) -> torch.dtype:
-    """A dtype autocast takes (bfloat16 or float16), or ``MPGuideError``."""
-    dt = dtype(name)
-    if dt not in (torch.bfloat16, torch.float16):
-        raise MPGuideError(f"autocast takes bfloat16 or float16, not {dtype_name(dt)}")
-    return dt
-
-
-def dtype_name(dt: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``'bfloat16'``."""
-    return str(dt).removeprefix("torch.")
 
 
 def _cpu_name() -> str:
@@ -344,5 +307,5 @@ def simulate(dev_type: str, dtype: torch.dtype | str | None = None) -> Iterator[
             torch.softmax(x, -1).dtype  # torch.float32: CUDA autocast runs softmax in float32
     """
     t = target(dev_type, simulate=True)
-    with tensors(t), autocast(t, None if dtype is None else autocast_dtype(dtype)):
+    with tensors(t), autocast(t, None if dtype is None else _dtypes.autocast_dtype(dtype)):
         yield t.device

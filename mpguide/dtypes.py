@@ -1,7 +1,10 @@
-"""Which ATen ops convert dtypes, and a dispatch-mode log of every op with its dtypes.
+"""Dtype names, which ATen ops convert dtypes, and a dispatch-mode log of every op with its
+dtypes.
 
-The log sits below autograd and autocast, so it sees the ops autocast really calls: the casts
-it inserts and the ``dtype=`` arguments it adds.
+- :func:`parse` turns what readers type (``bf16``, ``torch.float16``, ``half``) into a dtype;
+  :func:`name` (``bfloat16``) and :func:`short` (``bf16``, the graphs' notation) write one.
+- :class:`Log` sits below autograd and autocast, so it sees the ops autocast really calls: the
+  casts it inserts and the ``dtype=`` arguments it adds.
 """
 
 from __future__ import annotations
@@ -13,8 +16,72 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from mpguide import device as _device
+from mpguide import MPGuideError
 from mpguide.table import Table
+
+ALIASES = {
+    "fp64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+}
+"""Other names readers type for a dtype, to its torch name."""
+
+_FLOATS = ("float64", "float32", "bfloat16", "float16")
+
+SHORT = {
+    torch.float64: "f64",
+    torch.float32: "f32",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+}
+"""The graphs' short dtype names."""
+
+
+def canonical(text: str) -> str:
+    """The torch name for what a reader typed: ``'BF16'`` and ``'torch.bfloat16'`` ->
+    ``'bfloat16'``; a name that is no alias is returned lowercased."""
+    key = text.lower().removeprefix("torch.")
+    return ALIASES.get(key, key)
+
+
+def parse(text: str | torch.dtype) -> torch.dtype:
+    """One of the four floating dtypes from its name or alias, or ``MPGuideError`` naming them."""
+    if isinstance(text, torch.dtype):
+        return text
+    key = canonical(text)
+    if key not in _FLOATS:
+        choices = sorted({*_FLOATS, *(a for a, n in ALIASES.items() if len(a) == 4)})
+        raise MPGuideError(f"unknown dtype {text!r}; choose one of {', '.join(choices)}")
+    return getattr(torch, key)
+
+
+def autocast_dtype(text: str | torch.dtype) -> torch.dtype:
+    """A dtype autocast takes (bfloat16 or float16), or ``MPGuideError``."""
+    dt = parse(text)
+    if dt not in (torch.bfloat16, torch.float16):
+        raise MPGuideError(f"autocast takes bfloat16 or float16, not {name(dt)}")
+    return dt
+
+
+def name(dt: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``'bfloat16'``."""
+    return str(dt).removeprefix("torch.")
+
+
+def short(dt: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``'bf16'``: the notation of graphs, ``bf16[32, 7]``."""
+    return SHORT.get(dt, name(dt))
+
 
 CONVERSIONS = frozenset(
     {
@@ -64,7 +131,6 @@ class Call:
         return None
 
     def row(self) -> tuple[str, str, str, str]:
-        name = _device.dtype_name
         return (
             self.op.removesuffix(".default"),
             " + ".join(name(d) for d in self.ins),

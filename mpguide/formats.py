@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from mpguide import MPGuideError
+from mpguide import dtypes as _dtypes
 from mpguide.table import Table
 
 _FP32_MANTISSA = 23
@@ -27,7 +28,6 @@ _IEEE_LIKE = {
     "bfloat16": (torch.bfloat16, 8, 7),
     "float16": (torch.float16, 5, 10),
 }
-_ALIASES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _fp8_names() -> tuple[str, ...]:
@@ -103,8 +103,7 @@ def formats() -> tuple[Format, ...]:
 
 def get(name: str) -> Format:
     """The format called ``name`` (``tf32``, ``bf16``, ``float8_e4m3fn``, ...)."""
-    key = name.lower().removeprefix("torch.")
-    key = _ALIASES.get(key, key)
+    key = _dtypes.canonical(name)
     for fmt in formats():
         if fmt.name == key:
             return fmt

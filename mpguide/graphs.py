@@ -1,5 +1,4 @@
-"""Capture the graphs ``torch.compile`` backends run, follow their dtypes, and measure each
-backend against a float64 reference.
+"""Capture the graphs ``torch.compile`` backends run, and follow their dtypes.
 
 - :func:`capture` gives the forward graph and (when the output requires grad) the backward graph
   AOTAutograd produces for a backend: for ``aot_eager`` the plain ATen graphs, for ``inductor``
@@ -9,20 +8,15 @@ backend against a float64 reference.
   no kernel run and no code generated. :func:`inputs` makes tensors from ``bf16[32, 7, 1, 8]``.
 - :func:`dtype_flow` lists the nodes of a graph where the dtype changes, with the line of user
   code that produced each; :func:`eager_flow` lists the same for an eager run.
-- :func:`compare_backends` runs one function under several backends and tabulates each
-  output's dtype and error against a float64 reference.
-- :func:`torch_logs` runs a script with ``TORCH_LOGS`` switches and returns what each logged.
+
+Running and measuring backends is :mod:`mpguide.backends`; what ``TORCH_LOGS`` shows is
+:mod:`mpguide.compile_logs`.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import re
-import subprocess
-import sys
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -32,62 +26,11 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
-from mpguide import MPGuideError, error_line
+from mpguide import MPGuideError, backends, dtypes
 from mpguide import device as _device
 from mpguide.table import Table
-
-EAGER, AOT_EAGER, INDUCTOR = "eager", "aot_eager", "inductor"
-EMULATE = "inductor+emulate_precision_casts"
-BACKENDS = (EAGER, AOT_EAGER, INDUCTOR, EMULATE)
-_COMPILED = (AOT_EAGER, INDUCTOR, EMULATE)
-
-_ABBR = {
-    torch.float64: "f64",
-    torch.float32: "f32",
-    torch.bfloat16: "bf16",
-    torch.float16: "f16",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "b8",
-}
-_CONVERSIONS = {
-    "prims.convert_element_type.default",
-    "aten._to_copy.default",
-    "aten.to.dtype",
-    "aten.to.dtype_layout",
-    "aten.copy.default",
-    "aten.copy_.default",
-}
-
-
-def _check_backend(backend: str, allowed: Sequence[str]) -> None:
-    if backend not in allowed:
-        raise MPGuideError(f"unknown backend {backend!r}; choose one of {', '.join(allowed)}")
-
-
-def _config(backend: str):
-    """The inductor settings a backend name stands for."""
-    if backend == EMULATE:
-        import torch._inductor.config
-
-        return torch._inductor.config.patch(emulate_precision_casts=True)
-    return nullcontext()
-
-
-def _import_inductor() -> None:
-    """Import inductor's compiler, silencing the deprecation warning its import chain raises
-    (``torch.utils.mkldnn`` uses ``torch.jit.script_method``)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r".*torch\.jit\.script_method", category=DeprecationWarning
-        )
-        import torch._inductor.compile_fx  # noqa: F401
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -101,16 +44,12 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 # -- rendering -------------------------------------------------------------------------------
 
 
-def _abbr(dt: torch.dtype) -> str:
-    return _ABBR.get(dt, _device.dtype_name(dt))
-
-
 def node_type(node: torch.fx.Node) -> str:
     """``bf16[32, 7, 1, 8]`` for a node whose value is a tensor (tuples joined), else ``''``."""
 
     def one(v: Any) -> str:
         if isinstance(v, torch.Tensor):
-            return f"{_abbr(v.dtype)}[{', '.join(str(s) for s in v.shape)}]"
+            return f"{dtypes.short(v.dtype)}[{', '.join(str(s) for s in v.shape)}]"
         return ""
 
     val = node.meta.get("val")
@@ -123,7 +62,7 @@ def _arg(a: Any) -> str:
     if isinstance(a, torch.fx.Node):
         return a.name
     if isinstance(a, torch.dtype):
-        return _device.dtype_name(a)
+        return dtypes.name(a)
     if isinstance(a, (list, tuple)):
         inner = ", ".join(_arg(x) for x in a)
         return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
@@ -219,8 +158,8 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
                     node.name,
                     _op(node),
                     kind,
-                    " + ".join(_abbr(d) for d in ins),
-                    _abbr(out),
+                    " + ".join(dtypes.short(d) for d in ins),
+                    dtypes.short(out),
                     source_line(node),
                 )
             )
@@ -228,7 +167,7 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
 
 
 def _change(op: str) -> str:
-    return "conversion" if op in _CONVERSIONS else "promotion"
+    return "conversion" if op in dtypes.CONVERSIONS else "promotion"
 
 
 _LIBRARY_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
@@ -243,43 +182,40 @@ def _user_frame() -> str:
     return ""
 
 
-class _DtypeRecorder(TorchDispatchMode):
-    """Records the ops whose output dtype differs from one of their tensor inputs."""
+class _FlowLog(dtypes.Log):
+    """The calls whose output dtype differs from one of their tensor inputs, as flow rows."""
 
     def __init__(self):
         super().__init__()
         self.phase = "forward"
         self.rows: list[tuple[str, ...]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        ins: list[torch.dtype] = []
-        for a in tree_leaves((args, kwargs)):
-            if isinstance(a, torch.Tensor) and a.dtype not in ins:
-                ins.append(a.dtype)
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        ins = list(
+            dict.fromkeys(
+                a.dtype for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)
+            )
+        )
         outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
         if ins and outs and any(dt != outs[0].dtype for dt in ins):
             name = str(func)
-            where = _user_frame() if self.phase == "forward" else ""
             self.rows.append(
                 (
                     self.phase,
                     name.removesuffix(".default"),
                     _change(name),
-                    " + ".join(_abbr(d) for d in ins),
-                    _abbr(outs[0].dtype),
-                    where,
+                    " + ".join(dtypes.short(d) for d in ins),
+                    dtypes.short(outs[0].dtype),
+                    _user_frame() if self.phase == "forward" else "",
                 )
             )
-        return out
 
 
 def eager_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Table:
     """The dtype changes eager PyTorch makes running ``fn(*args, **kwargs)`` and, when the
     output requires grad, its backward pass (see :func:`backward_once`): the eager counterpart
     of :func:`dtype_flow`, recorded at the dispatcher, so autocast's casts are included."""
-    recorder = _DtypeRecorder()
+    recorder = _FlowLog()
     with recorder:
         out = fn(*args, **kwargs)
         recorder.phase = "backward"
@@ -300,7 +236,7 @@ def inputs(specs: Sequence[str], dev: torch.device | str, requires_grad: bool = 
     """Random tensors on ``dev`` from the graphs' own notation, ``bf16[32, 7, 1, 8]`` or
     ``i64[4]`` (see :func:`node_type`); the floating ones require grad when ``requires_grad``.
     Inside :func:`mpguide.device.tensors` of a simulated device they are fake."""
-    by_name = {v: k for k, v in _ABBR.items()}
+    by_name = {v: k for k, v in dtypes.SHORT.items()}
     made = []
     for spec in specs:
         m = _SPEC.match(spec.replace(" ", ""))
@@ -436,7 +372,7 @@ def backward_once(out: Any) -> bool:
 
 
 def _recording_backend(backend: str, fw: list, bw: list, code: list):
-    if backend == AOT_EAGER:
+    if backend == backends.AOT_EAGER:
         from torch._dynamo.backends.debugging import aot_eager, boxed_nop
 
         def keep(store):
@@ -471,7 +407,7 @@ def _simulated_backend(backend: str, fw: list, bw: list, detach: list | None):
     device (removing no-op aliases and clones); the pattern passes need the device to set up.
     Given a ``detach`` list, AOTAutograd gets inputs (parameters included) that do not require
     grad, and the list gets whether any did."""
-    if backend == AOT_EAGER:
+    if backend == backends.AOT_EAGER:
         compile_aot = _recording_backend(backend, fw, bw, [])
     else:
         compile_aot = _inductor_aot(fw, bw)
@@ -532,7 +468,9 @@ def _fake_mode(values: Any):
     return next(iter(modes.values()), None)
 
 
-def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwargs: Any) -> Graphs:
+def capture(
+    fn: Callable[..., Any], *args: Any, backend: str = backends.AOT_EAGER, **kwargs: Any
+) -> Graphs:
     """Compile ``fn`` with ``backend`` (``aot_eager``, ``inductor`` or
     ``inductor+emulate_precision_casts``), call it once on ``args`` and ``kwargs``, and keep the
     graphs AOTAutograd handed to the backend's compiler.
@@ -551,13 +489,13 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     :func:`mpguide.device.simulates_autograd`), ``fn`` is traced without grad and, if anything
     required grad, :attr:`Graphs.note` says there is no backward graph.
     """
-    _check_backend(backend, _COMPILED)
+    backends.check(backend, backends.COMPILED)
     fake = _fake_mode((args, kwargs))
-    if fake is not None and backend == EMULATE:
+    if fake is not None and backend == backends.EMULATE:
         raise MPGuideError(
-            f"{EMULATE} changes only the code inductor generates; a simulated capture has none"
+            f"{backends.EMULATE} changes only the code inductor generates; a simulated capture has none"
         )
-    _import_inductor()
+    backends.import_inductor()
     import torch._functorch.config
 
     fw: list = []
@@ -566,7 +504,7 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
     dev = next(
         (t.device.type for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), "cpu"
     )
-    notes = [SIMULATED_INDUCTOR] if fake is not None and backend == INDUCTOR else []
+    notes = [SIMULATED_INDUCTOR] if fake is not None and backend == backends.INDUCTOR else []
     no_grad = fake is not None and not _device.simulates_autograd(dev)
     dropped: list[bool] = []
     compiler = (
@@ -579,7 +517,7 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
         # AOTAutograd's own cache would skip the compiler calls that record the graphs.
         with (
             torch._functorch.config.patch(enable_autograd_cache=False),
-            _config(backend),
+            backends.settings(backend),
             nullcontext() if fake is None else fake,
             nullcontext() if fake is None else _device.aten_copy(),
             torch.no_grad() if no_grad else nullcontext(),
@@ -603,21 +541,6 @@ def capture(fn: Callable[..., Any], *args: Any, backend: str = AOT_EAGER, **kwar
         how=_device.LIVE if fake is None else _device.SIMULATED,
         note="; ".join(notes),
     )
-
-
-_ASSIGNED_CONVERSION = re.compile(r"^\s*(?:auto\s+)?(tmp\d+)\s*=\s*.*(?:convert|\.to\()")
-
-
-def unused_conversions(kernel: str) -> list[str]:
-    """The lines of generated kernel code that convert a value to another dtype into a
-    temporary that nothing reads afterwards: a rounding the fused kernel computes and drops."""
-    lines = kernel.splitlines()
-    unused = []
-    for i, line in enumerate(lines):
-        m = _ASSIGNED_CONVERSION.match(line)
-        if m and not any(re.search(rf"\b{m[1]}\b", later) for later in lines[i + 1 :]):
-            unused.append(line.strip())
-    return unused
 
 
 @dataclass(frozen=True)
@@ -648,205 +571,3 @@ def side_by_side(*captures: Graphs, which: str = "forward") -> SideBySide:
     for g in captures:
         g._pick(which)
     return SideBySide(tuple(captures), which)
-
-
-# -- comparison against a reference ----------------------------------------------------------
-
-
-def _floats(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def run(fn: Callable[..., Any], args: Sequence[Any], backend: str) -> Any:
-    """Call ``fn(*args)`` eagerly (``eager``) or compiled with ``backend`` from a fresh dynamo
-    state, without gradients."""
-    _check_backend(backend, BACKENDS)
-    if backend == EAGER:
-        with torch.no_grad():
-            return fn(*args)
-    _import_inductor()
-    torch._dynamo.reset()
-    try:
-        with _config(backend), torch.no_grad():
-            name = INDUCTOR if backend == EMULATE else backend
-            return torch.compile(fn, backend=name, fullgraph=True, dynamic=False)(*args)
-    finally:
-        torch._dynamo.reset()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One backend's output, measured against the reference, or the error it raised."""
-
-    backend: str
-    dtype: str
-    max_abs: float | None
-    max_rel: float | None
-    equals_eager: bool | None
-    error: str | None = None
-    output: Any = field(default=None, repr=False, compare=False)
-
-
-def _errors(out: Any, ref: Any) -> tuple[float, float]:
-    got, want = _floats(out), _floats(ref)
-    if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want, strict=False)):
-        raise MPGuideError("the output and the reference differ in number or shape of tensors")
-    max_abs = max_rel = 0.0
-    for g, w in zip(got, want, strict=True):
-        w64 = w.detach().to(torch.float64)
-        diff = (g.detach().to(torch.float64) - w64).abs()
-        rel = torch.where(w64 != 0, diff / w64.abs(), torch.where(diff == 0, 0.0, math.inf))
-        max_abs = max(max_abs, diff.max().item() if diff.numel() else 0.0)
-        max_rel = max(max_rel, rel.max().item() if rel.numel() else 0.0)
-    return max_abs, max_rel
-
-
-def _bitwise(a: Any, b: Any) -> bool:
-    la, lb = _floats(a), _floats(b)
-    return len(la) == len(lb) and all(
-        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
-        for x, y in zip(la, lb, strict=False)
-    )
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Each backend's output against a float64 reference."""
-
-    outcomes: tuple[Outcome, ...]
-    reference: str
-    machine: _device.Machine
-
-    def __getitem__(self, backend: str) -> Outcome:
-        for o in self.outcomes:
-            if o.backend == backend:
-                return o
-        raise KeyError(backend)
-
-    def table(self) -> Table:
-        rows = tuple(
-            (
-                o.backend,
-                o.dtype,
-                o.max_abs,
-                o.max_rel,
-                "" if o.equals_eager is None else "yes" if o.equals_eager else "no",
-                o.error,
-            )
-            for o in self.outcomes
-        )
-        return Table(
-            (
-                "backend",
-                "output dtype",
-                "max abs error",
-                "max rel error",
-                "bitwise equal to eager",
-                "error",
-            ),
-            rows,
-            f"against {self.reference}, {self.machine.caption()}",
-        )
-
-    def __repr__(self) -> str:
-        return self.table().to_text()
-
-    def _repr_html_(self) -> str:
-        return self.table().to_html()
-
-
-def _reference(
-    fn: Callable[..., Any], args: Sequence[Any], reference: torch.dtype | Callable[..., Any]
-) -> tuple[Any, str]:
-    if callable(reference) and not isinstance(reference, torch.dtype):
-        call, name = reference, getattr(reference, "__name__", "the reference")
-    else:
-        dt = _device.dtype(reference)
-
-        def cast(x):
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                return x.detach().to(dt)
-            return x
-
-        def call(*a):
-            return fn(*tree_map(cast, tuple(a)))
-
-        name = f"{_device.dtype_name(dt)} eager"
-    try:
-        with torch.no_grad():
-            return call(*args), name
-    except Exception as err:  # noqa: BLE001 -- named in one line for the reader
-        raise MPGuideError(
-            f"the reference ({name}) raised {error_line(err)}; pass reference= a function"
-        ) from None
-
-
-def compare_backends(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    backends: Sequence[str] = BACKENDS,
-    reference: torch.dtype | Callable[..., Any] = torch.float64,
-) -> Comparison:
-    """Run ``fn(*args)`` under each backend and measure it against ``reference``: a dtype
-    (``fn`` run eagerly on the floating inputs cast to it) or a callable taking ``args``.
-
-    A backend that raises gets a row with its error instead of numbers.
-    """
-    for b in backends:
-        _check_backend(b, BACKENDS)
-    ref, ref_name = _reference(fn, args, reference)
-    try:
-        eager, eager_error = run(fn, args, EAGER), None
-    except Exception as err:  # noqa: BLE001 -- eager raising is a finding: its row says so
-        eager, eager_error = None, err
-    outcomes = []
-    for b in backends:
-        try:
-            if b == EAGER and eager_error is not None:
-                raise eager_error
-            out = eager if b == EAGER else run(fn, args, b)
-        except Exception as err:  # noqa: BLE001 -- a backend that raises is a finding, not a failure
-            outcomes.append(Outcome(b, "", None, None, None, error_line(err)))
-            continue
-        max_abs, max_rel = _errors(out, ref)
-        dtypes = ", ".join(dict.fromkeys(_device.dtype_name(t.dtype) for t in _floats(out)))
-        same = None if eager is None or b == EAGER else _bitwise(out, eager)
-        outcomes.append(Outcome(b, dtypes, max_abs, max_rel, same, output=out))
-    dev = next((t.device for t in tree_leaves(args) if isinstance(t, torch.Tensor)), None)
-    return Comparison(tuple(outcomes), ref_name, _device.describe(dev))
-
-
-# -- TORCH_LOGS ------------------------------------------------------------------------------
-
-_LOG_LINE = re.compile(r"^[A-Z]\d{4} [\d:.]+ +\d+ \S+\] (?:\[[^\]]*\] )*\[__(\w+)\] ?(.*)$")
-
-
-def torch_logs(
-    script: str, artifacts: Sequence[str], cached: bool = True, timeout: float = 600
-) -> dict[str, str]:
-    """Run ``script`` in a fresh Python with ``TORCH_LOGS`` set to ``artifacts`` (``graph_code``,
-    ``aot_graphs``, ``post_grad_graphs``, ``output_code``, ...) and return what each artifact
-    logged, its log prefixes taken off. Nothing in this process's logging changes.
-
-    A compile served from torch.compile's caches skips stages and their logs; ``cached=False``
-    turns the caches off for the script so every stage runs and logs."""
-    env = {**os.environ, "TORCH_LOGS": ",".join(artifacts)}
-    if not cached:
-        env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise MPGuideError(f"the script exited with status {proc.returncode}: {last}")
-    logged: dict[str, list[str]] = {a: [] for a in artifacts}
-    for line in proc.stderr.splitlines():
-        m = _LOG_LINE.match(line)
-        if m and m[1] in logged:
-            logged[m[1]].append(m[2])
-    return {a: "\n".join(lines) for a, lines in logged.items()}

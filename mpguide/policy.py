@@ -381,7 +381,7 @@ def observe(
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
     op = Op(getattr(fn, "__name__", "fn"), "", lambda t: (t.dev,), fn)
     with _device.tensors(target):
-        return run(op, (target.device,), target, _device.autocast_dtype(dtype))
+        return run(op, (target.device,), target, dtypes.autocast_dtype(dtype))
 
 
 def _cast_floats(args: tuple, kinds: Sequence[torch.dtype]) -> tuple:
@@ -430,7 +430,7 @@ class Probe:
         seen: dict[str, None] = {}
         for r in (self.fp32_in, self.low_in, self.mixed_in):
             for src, dst in r.casts if r else ():
-                seen[f"{_device.dtype_name(src)}->{_device.dtype_name(dst)}"] = None
+                seen[f"{dtypes.name(src)}->{dtypes.name(dst)}"] = None
         return tuple(seen)
 
 
@@ -553,14 +553,14 @@ class Policy:
     @property
     def caption(self) -> str:
         return (
-            f"autocast({self.device!r}, dtype={_device.dtype_name(self.dtype)}): "
+            f"autocast({self.device!r}, dtype={dtypes.name(self.dtype)}): "
             f"{len(self.probes)} ops, {self.machine.caption()}; {self.how}"
         )
 
     def table(self, kind: str | None = None) -> Table:
         """The probes as a table grouped by class (or one class only); the last column says
         how the results were obtained."""
-        low = _device.dtype_name(self.dtype)
+        low = dtypes.name(self.dtype)
         columns = (
             "op",
             "family",
@@ -609,7 +609,7 @@ def _out(r: Run | None, undecided: bool = False) -> str:
         return ""
     if undecided:
         return NEEDS_HARDWARE
-    return "error" if r.error else _device.dtype_name(r.out) if r.out else "-"
+    return "error" if r.error else dtypes.name(r.out) if r.out else "-"
 
 
 def probe(
@@ -624,7 +624,7 @@ def probe(
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
     build's dispatch rules (see :func:`mpguide.device.target`); the result says so.
     """
-    dtype = _device.autocast_dtype(dtype)
+    dtype = dtypes.autocast_dtype(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
     gaps = meta_gaps(dtype, tuple(ops)) if target.simulated else {}
     probes = tuple(probe_op(op, target, dtype, seed, gaps.get(op.name)) for op in ops)
@@ -635,11 +635,11 @@ def differences(a: Policy, b: Policy) -> Table:
     """The ops whose class differs between two policies: bf16 and fp16 on one device, or one
     dtype on two devices (a simulated device against the real one, say)."""
     if a.dtype != b.dtype:
-        na, nb = _device.dtype_name(a.dtype), _device.dtype_name(b.dtype)
+        na, nb = dtypes.name(a.dtype), dtypes.name(b.dtype)
         where = f"on {a.device}"
     else:
         na, nb = _device.label(a.device, a.how), _device.label(b.device, b.how)
-        where = f"for {_device.dtype_name(a.dtype)}"
+        where = f"for {dtypes.name(a.dtype)}"
     rows = tuple(
         (pa.op, pa.family, pa.kind, pb.kind, pb.note or pa.note)
         for pa, pb in zip(a.probes, b.probes, strict=True)
@@ -671,7 +671,7 @@ class Devices:
         simulated = [p.device for p in self.policies if p.how == _device.SIMULATED]
         how = f"; simulated ({', '.join(simulated)}): {_device.SIMULATED}" if simulated else ""
         return (
-            f"autocast classes per device, dtype={_device.dtype_name(self.dtype)}, "
+            f"autocast classes per device, dtype={dtypes.name(self.dtype)}, "
             f"torch {torch.__version__}{how}"
         )
 
@@ -723,6 +723,6 @@ def across(
 ) -> Devices:
     """Probe ``dtype`` on each of ``devices`` (default: every device type this build's
     autocast can simulate), live where present, simulated elsewhere."""
-    dtype = _device.autocast_dtype(dtype)
+    dtype = dtypes.autocast_dtype(dtype)
     names = _device.simulated_types() if devices is None else devices
     return Devices(dtype, tuple(probe(d, dtype, ops, simulate=simulate) for d in names))

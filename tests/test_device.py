@@ -38,26 +38,6 @@ def test_resolve_rejects_a_cuda_index_past_the_last():
         device.resolve(f"cuda:{torch.cuda.device_count()}")
 
 
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("bf16", torch.bfloat16),
-        ("bfloat16", torch.bfloat16),
-        ("torch.float16", torch.float16),
-        ("HALF", torch.float16),
-        ("fp32", torch.float32),
-        (torch.float64, torch.float64),
-    ],
-)
-def test_dtype_names(name, expected):
-    assert device.dtype(name) is expected
-
-
-def test_unknown_dtype_names_the_choices():
-    with pytest.raises(MPGuideError, match=r"unknown dtype 'int8'; choose one of .*bfloat16"):
-        device.dtype("int8")
-
-
 def test_describe_names_torch_and_the_device():
     m = device.describe("cpu")
     assert m.device == "cpu"

@@ -511,6 +511,28 @@ def test_find_by_name_id_and_predicate():
         tree.node(9)
 
 
+def test_find_honours_every_criterion_given():
+    tree = tree_of(
+        op("aten::mm", BASE, 10.0),
+        op("aten::add", BASE + 20, 10.0),
+        op("aten::mm", BASE + 40, 30.0),
+    )
+
+    def long(node):
+        return node.dur > 20
+
+    assert [n.id for n in tree.find(id=1)] == [1]
+    assert tree.find("aten::mm", id=1) == []
+    assert [n.id for n in tree.find("aten::mm", id=2)] == [2]
+    assert tree.find(id=0, predicate=long) == []
+    assert [n.id for n in tree.find(id=2, predicate=long)] == [2]
+    assert tree.find("aten::add", predicate=long) == []
+    assert [n.id for n in tree.find("aten::mm", id=2, predicate=long)] == [2]
+    assert tree.find("aten::mm", id=0, predicate=long) == []
+    with pytest.raises(MPGuideError, match="no node with id 9"):
+        tree.find("aten::mm", id=9)
+
+
 def test_render_fields_and_depth():
     dims = [[2048, 1024], [1024, 4096]]
     tree = tree_of(

@@ -15,7 +15,7 @@ outside autocast and returns bf16 inside it; what LayerNorm does depends on the 
 # else the CPU.
 import torch
 
-from mpguide import device
+from mpguide import device, dtypes
 
 dev = device.pick()
 device.describe(dev)
@@ -95,7 +95,7 @@ Table(
     ("call under bf16 autocast", "cpu", "cuda", "casts autocast added on cuda"),
     tuple(
         (name, runs[name, "cpu"].out, runs[name, "cuda"].out,
-         ", ".join(f"{device.dtype_name(a)}->{device.dtype_name(b)}"
+         ", ".join(f"{dtypes.name(a)}->{dtypes.name(b)}"
                    for a, b in runs[name, "cuda"].casts))
         for name in ("bf16 @ fp32 matmul", "LayerNorm(fp32)(bf16)")
     ),

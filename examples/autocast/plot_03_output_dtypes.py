@@ -16,7 +16,7 @@ the CPU's adds neither, and ``dtype=`` opts an op out of autocast on CUDA but no
 import torch
 import torch.nn.functional as F
 
-from mpguide import device, policy
+from mpguide import device, dtypes, policy
 from mpguide.table import Table
 
 dev = device.pick()
@@ -137,7 +137,7 @@ given = {(name, t.device.type): policy.observe(fn, t) for name, fn in with_dtype
 
 
 def casts(run):
-    return ", ".join(f"{device.dtype_name(a)}->{device.dtype_name(b)}" for a, b in run.casts)
+    return ", ".join(f"{dtypes.name(a)}->{dtypes.name(b)}" for a, b in run.casts)
 
 
 Table(

@@ -18,7 +18,7 @@ import functools
 import torch
 from torch.utils._pytree import tree_leaves
 
-from mpguide import device, policy
+from mpguide import device, dtypes, policy
 from mpguide.table import Table
 
 dev = device.pick()
@@ -81,11 +81,11 @@ def out(probe: policy.Probe) -> str:
     run = probe.mixed_in
     if "mixed_in" in probe.undecided:
         return policy.NEEDS_HARDWARE
-    return "error" if run.error else device.dtype_name(run.out)
+    return "error" if run.error else dtypes.name(run.out)
 
 
 rows = tuple(
-    (name, device.dtype_name(predictions[name]), out(cpu[name]), rule(cpu[name], torch.float32),
+    (name, dtypes.name(predictions[name]), out(cpu[name]), rule(cpu[name], torch.float32),
      out(cuda[name]), rule(cuda[name], torch.float32))
     for name in mixed_ops
 )

@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from mpguide import device
+from mpguide import device, dtypes
 from mpguide.table import Table
 
 dev = device.pick()
@@ -247,9 +247,9 @@ class DtypeLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        dtypes = [t.dtype for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        ins = [t.dtype for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.calls.append((str(func), dtypes, outs))
+        self.calls.append((str(func), ins, outs))
         return out
 
 
@@ -284,13 +284,13 @@ try:
     grad = sharded.grad
     eager = {
         "sharded parameter": f"{type(sharded).__name__}, local shard "
-        f"{device.dtype_name(sharded.to_local().dtype)}, {sharded.placements}",
+        f"{dtypes.name(sharded.to_local().dtype)}, {sharded.placements}",
         "parameter seen in forward": f"{seen_in_forward[0][0].__name__}, "
-        f"{device.dtype_name(seen_in_forward[0][1])}",
-        "input seen by the first Linear": device.dtype_name(seen_in_forward[0][2]),
-        "output (output_dtype=float32)": device.dtype_name(out.dtype),
+        f"{dtypes.name(seen_in_forward[0][1])}",
+        "input seen by the first Linear": dtypes.name(seen_in_forward[0][2]),
+        "output (output_dtype=float32)": dtypes.name(out.dtype),
         "gradient": f"{type(grad).__name__}, local shard "
-        f"{device.dtype_name(grad.to_local().dtype)}",
+        f"{dtypes.name(grad.to_local().dtype)}",
     }
     eager_facts = (
         type(sharded),
@@ -318,7 +318,7 @@ finally:
 
 Table(
     ("what", "type and dtype"),
-    (*eager.items(), ("output (output_dtype=None)", device.dtype_name(default_out))),
+    (*eager.items(), ("output (output_dtype=None)", dtypes.name(default_out))),
     "FSDP2 at world size 1, gloo, cpu, MixedPrecisionPolicy(param_dtype=bf16, "
     "reduce_dtype=float32)",
 )
@@ -328,8 +328,8 @@ Table(
 # ``reduce_dtype`` (``fsdp.chunk_cat`` with bf16 inputs and a float32 ``out``). At world size
 # 1 no collective runs: the log holds no communication op, and the reduce-scatter becomes a
 # float32 copy.
-for name, dtypes, _ in reduce_inputs:
-    print(f"{name}: inputs {[device.dtype_name(d) for d in dtypes]}")
+for name, seen, _ in reduce_inputs:
+    print(f"{name}: inputs {[dtypes.name(d) for d in seen]}")
 print(f"communication ops in the log: {collectives or 'none'}; {len(log.calls)} ops in all")
 
 # %%
@@ -338,8 +338,8 @@ assert eager_facts[2] == (torch.nn.Parameter, bf16, bf16)
 assert eager_facts[3] == torch.float32 and default_out == bf16
 assert eager_facts[4] is DTensor and eager_facts[5] == torch.float32
 assert len(reduce_inputs) == 2
-for _, dtypes, _ in reduce_inputs:
-    assert dtypes[:-1] == [bf16] * (len(dtypes) - 1) and dtypes[-1] == torch.float32
+for _, seen, _ in reduce_inputs:
+    assert seen[:-1] == [bf16] * (len(seen) - 1) and seen[-1] == torch.float32
 assert collectives == []
 assert bf16_to_float32 >= 2
 print("float32 shards, bf16 forward, float32 reduction input and gradient, float32 output")
@@ -446,8 +446,8 @@ finally:
     torch._dynamo.reset()
 
 
-def dtypes(seq):
-    return ", ".join(sorted({device.dtype_name(d) for d in seq}))
+def listed(seq):
+    return ", ".join(sorted({dtypes.name(d) for d in seq}))
 
 
 rows = []
@@ -459,10 +459,10 @@ for record in graphs:
                 (
                     record["how"],
                     kind,
-                    dtypes(ins),
-                    dtypes(outs),
-                    device.dtype_name(out_dtype),
-                    device.dtype_name(grad_dtype),
+                    listed(ins),
+                    listed(outs),
+                    dtypes.name(out_dtype),
+                    dtypes.name(grad_dtype),
                 )
             )
 Table(

@@ -19,7 +19,7 @@ the bf16 ``bmm``.
 # else the CPU.
 import torch
 
-from mpguide import device, graphs
+from mpguide import backends, device, graphs
 
 dev = device.pick()
 device.describe(dev)
@@ -158,10 +158,10 @@ ind.flow()
 # %%
 # Against the float64 reference
 # -----------------------------
-# :func:`mpguide.graphs.compare_backends` runs the function under each backend (eager, which
+# :func:`mpguide.backends.compare` runs the function under each backend (eager, which
 # raises and gets its error in its row, ``aot_eager``, inductor, and inductor with
 # ``emulate_precision_casts``) and measures each output against :func:`exact`.
-table = graphs.compare_backends(matmul_into_fp32, (x, y, bias), reference=exact)
+table = backends.compare(matmul_into_fp32, (x, y, bias), reference=exact)
 table
 
 # %%
@@ -180,7 +180,7 @@ assert all(o.dtype == "float32" for o in table.outcomes[1:])
 if decomposed:
     assert err["inductor"] < err["aot_eager"] / 100
 assert err["aot_eager"] > fp32_eps
-emulated_same = torch.equal(table[graphs.EMULATE].output, table["aot_eager"].output)
+emulated_same = torch.equal(table[backends.EMULATE].output, table["aot_eager"].output)
 print(f"inductor + emulate_precision_casts equals aot_eager bit for bit: {emulated_same}")
 if dev.type == "cpu":
     assert emulated_same

@@ -18,7 +18,7 @@ float32.
 # else the CPU.
 import torch
 
-from mpguide import device, graphs
+from mpguide import backends, device, graphs
 
 dev = device.pick()
 device.describe(dev)
@@ -199,7 +199,7 @@ def block_fp64(x):
 
 
 with autocast:
-    outputs = graphs.compare_backends(
+    outputs = backends.compare(
         block, (x,), backends=("eager", "aot_eager", "inductor"), reference=block_fp64
     )
 outputs

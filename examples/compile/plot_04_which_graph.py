@@ -17,7 +17,7 @@ and the generated code show what inductor made of them.
 # else the CPU.
 import torch
 
-from mpguide import device, graphs
+from mpguide import compile_logs, device, graphs
 
 dev = device.pick()
 device.describe(dev)
@@ -36,7 +36,7 @@ device.describe(dev)
 #   and ``.kernels()``.
 #
 # We run one script with all four switches in a fresh Python, as you would run your own
-# training script, and split what it logs by artifact with :func:`mpguide.graphs.torch_logs`.
+# training script, and split what it logs by artifact with :func:`mpguide.compile_logs.torch_logs`.
 # A compile served from torch.compile's caches skips stages, and their logs with them, so the
 # script runs with the caches turned off (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``): do the same
 # when a log you asked for stays empty.
@@ -50,7 +50,7 @@ x = torch.randn(8, device="{dev.type}", requires_grad=True)
 torch.compile(scale_and_sin)(x).sum().backward()
 """
 ARTIFACTS = ["graph_code", "aot_graphs", "post_grad_graphs", "output_code"]
-logs = graphs.torch_logs(SCRIPT, ARTIFACTS, cached=False)
+logs = compile_logs.torch_logs(SCRIPT, ARTIFACTS, cached=False)
 for name in ARTIFACTS:
     print(f"TORCH_LOGS={name}: {len(logs[name].splitlines())} lines")
 assert all(logs[name] for name in ARTIFACTS)

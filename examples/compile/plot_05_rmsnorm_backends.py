@@ -22,7 +22,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from mpguide import device, graphs
+from mpguide import backends, device, graphs
 from mpguide.table import Table
 
 dev = device.pick()
@@ -47,13 +47,13 @@ def handwritten(x, w):
 # %%
 # Every backend against eager and float64
 # ---------------------------------------
-# :func:`mpguide.graphs.compare_backends` runs each function under every backend and measures
+# :func:`mpguide.backends.compare` runs each function under every backend and measures
 # it against the float64 result on the same bf16 inputs; we add how many of the 262,144 output
 # elements differ from eager's bits.
 
 
 def against_eager(fn):
-    result = graphs.compare_backends(fn, (x, w))
+    result = backends.compare(fn, (x, w))
     eager = result["eager"].output
     differ = {o.backend: int((o.output != eager).sum()) for o in result.outcomes}
     return result, differ
@@ -83,12 +83,12 @@ assert builtin_differ["aot_eager"] == hand_differ["aot_eager"] == 0
 # ``emulate_precision_casts`` makes the kernel round where the graph says, and all but a few
 # elements come back.
 print(f"hand-written: inductor changes {hand_differ['inductor']} elements, "
-      f"with emulate_precision_casts {hand_differ[graphs.EMULATE]}")
+      f"with emulate_precision_casts {hand_differ[backends.EMULATE]}")
 assert hand_differ["inductor"] > x.numel() // 5
 assert hand_result["inductor"].max_abs < hand_result["eager"].max_abs
-assert hand_differ[graphs.EMULATE] < hand_differ["inductor"] // 100
+assert hand_differ[backends.EMULATE] < hand_differ["inductor"] // 100
 if dev.type == "cpu":
-    assert hand_differ[graphs.EMULATE] > 0
+    assert hand_differ[backends.EMULATE] > 0
 
 # %%
 # The rounding is in the graph on both devices: inductor's post-decomposition graph for the
@@ -118,8 +118,8 @@ graphs.side_by_side(cpu_hand, cuda_hand)
 # end, so there is nothing for emulation to restore: inductor with and without it gives the same
 # bits, and differs from eager in a handful of elements only.
 print(f"F.rms_norm: inductor changes {builtin_differ['inductor']} elements, "
-      f"with emulate_precision_casts {builtin_differ[graphs.EMULATE]}")
-assert torch.equal(builtin_result["inductor"].output, builtin_result[graphs.EMULATE].output)
+      f"with emulate_precision_casts {builtin_differ[backends.EMULATE]}")
+assert torch.equal(builtin_result["inductor"].output, builtin_result[backends.EMULATE].output)
 assert builtin_differ["inductor"] < 100
 if dev.type == "cpu":
     assert builtin_differ["inductor"] > 0
@@ -134,7 +134,7 @@ def rstd(x):
     return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-rstd_result = graphs.compare_backends(rstd, (x,), backends=("eager", "inductor"))
+rstd_result = backends.compare(rstd, (x,), backends=("eager", "inductor"))
 rows_differ = int((rstd_result["inductor"].output != rstd_result["eager"].output).sum())
 print(f"float32 rstd differs between eager and inductor in {rows_differ} of {x.shape[0]} rows")
 if dev.type == "cpu":
@@ -186,7 +186,7 @@ if dev.type == "cpu":
                           text=True, check=True)
     flag, count = proc.stdout.split()
     print(f"config.emulate_precision_casts = {flag}; elements that differ from eager: {count}")
-    assert flag == "True" and int(count) == hand_differ[graphs.EMULATE]
+    assert flag == "True" and int(count) == hand_differ[backends.EMULATE]
 
 # %%
 # What we saw

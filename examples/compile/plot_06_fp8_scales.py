@@ -16,7 +16,7 @@ scale back; a float32 ``amax`` makes every backend agree.
 # -----
 import torch
 
-from mpguide import device, graphs
+from mpguide import backends, device, graphs
 from mpguide.table import Table
 
 dev = device.pick()
@@ -41,15 +41,14 @@ def scale_fp32_amax(x):
 # %%
 # The scale under each backend
 # ----------------------------
-backends = ("eager", "aot_eager", "inductor", graphs.EMULATE)
 scales = {
-    fn.__name__: {b: graphs.run(fn, (x,), b) for b in backends}
+    fn.__name__: {b: backends.run(fn, (x,), b) for b in backends.BACKENDS}
     for fn in (scale_bf16_amax, scale_fp32_amax)
 }
 exact = FP8_MAX / amax.double().item()
 Table(
-    ("recipe", *backends),
-    tuple((name, *(f"{s[b].item():.9g}" for b in backends)) for name, s in scales.items()),
+    ("recipe", *backends.BACKENDS),
+    tuple((name, *(f"{s[b].item():.9g}" for b in backends.BACKENDS)) for name, s in scales.items()),
     f"scale = {FP8_MAX:g} / amax; exact {exact:.9g}; {device.describe(dev).caption()}",
 )
 
@@ -74,16 +73,16 @@ in_float32 = (1 / amax.float()) * FP8_MAX
 assert got["eager"].item() == got["aot_eager"].item() == rounded_twice.item()
 assert got["inductor"].item() == in_float32.item()
 assert got["eager"].item() != got["inductor"].item()
-assert got[graphs.EMULATE].item() == got["eager"].item()
+assert got[backends.EMULATE].item() == got["eager"].item()
 print(f"eager and aot_eager: {got['eager'].item()} (rounded to bf16 twice); inductor: "
       f"{got['inductor'].item():.9g} (float32); with emulate_precision_casts: "
-      f"{got[graphs.EMULATE].item()}")
+      f"{got[backends.EMULATE].item()}")
 
 # %%
 # With ``amax`` taken to float32 before the division, there is no bf16 intermediate left and the
 # four backends agree bit for bit.
 same = scales["scale_fp32_amax"]
-assert len({same[b].item() for b in backends}) == 1
+assert len({same[b].item() for b in backends.BACKENDS}) == 1
 assert same["eager"].item() == in_float32.item()
 
 # %%

@@ -67,9 +67,10 @@ for shape in shapes:
 # the installed torch accepts. A row marked ``switch had no effect`` produced results
 # bit-identical to IEEE fp32: the switch was accepted, and nothing ran in lower precision.
 dead = [r for r in result.rows if r.how == numerics.NO_EFFECT]
-for row in dead:
-    assert row.stats == result.row("fp32", row.shape).stats
 print(f"{len(dead)} of {len(result.rows)} rows: switch had no effect on {dev.type}")
+if dev.type == "cpu":
+    # A CPU has no TF32 units: asking for TF32 is accepted and changes no bit.
+    assert all(result.row("fp32_precision=tf32", s).how == numerics.NO_EFFECT for s in shapes)
 
 # %%
 # What ``fp32_precision=bf16`` could do on a CPU
