@@ -72,8 +72,7 @@ DTYPE_COLOURS = {
     "none": "#d9d9d9",
     "other": "#f2f2f2",
 }
-_SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-_LONG = {short: name for name, short in _SHORT.items()}
+_FLOATS = ("float64", "float32", "bfloat16", "float16")
 _CONVERSION_EDGE = "#222222"
 
 
@@ -81,18 +80,30 @@ def dtype_key(value: Any) -> str:
     """The key of :data:`DTYPE_COLOURS` a value stands for: a dtype (``torch.bfloat16``,
     ``'bfloat16'``, ``'bf16[8, 4]'``), ``'error'`` (an error or ``'raised'``), ``'needs
     hardware'``, ``'none'`` (nothing, ``''``), or ``'other'``."""
+    from mpguide import dtypes
     from mpguide.table import cell
 
     text = cell(value).strip()
     word = text.split("[", 1)[0]
-    word = _LONG.get(word, word)
-    if word in _SHORT or word in ("needs hardware", "none"):
+    word = {s: dtypes.name(d) for d, s in dtypes.SHORT.items()}.get(word, dtypes.canonical(word))
+    if word in (*_FLOATS, "needs hardware", "none"):
         return word
     if not text or text == "-":
         return "none"
     if text.startswith(("error", "raise")):
         return "error"
     return "other"
+
+
+def _short(key: str) -> str | None:
+    """``bf16`` for the key ``bfloat16``, ``error`` for ``error``, else ``None``."""
+    import torch
+
+    from mpguide import dtypes
+
+    return (
+        dtypes.short(getattr(torch, key)) if key in _FLOATS else "error" if key == "error" else None
+    )
 
 
 def _ink(key: str) -> str:
@@ -157,8 +168,7 @@ def dtype_grid(table: Table, columns: Sequence[str] | None = None, title: str = 
             ax.add_patch(
                 Rectangle((x, y), 1, 1, facecolor=DTYPE_COLOURS[key], edgecolor="white", lw=1.5)
             )
-            short = _SHORT.get(key, "error" if key == "error" else None)
-            text = short or textwrap.shorten(cell(row[i]), 18, placeholder="…")
+            text = _short(key) or textwrap.shorten(cell(row[i]), 18, placeholder="…")
             ax.text(x + 0.5, y + 0.5, text, ha="center", va="center", fontsize=8, color=_ink(key))
     ax.set_xlim(0, len(columns))
     ax.set_ylim(len(labels), 0)
@@ -214,11 +224,11 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
                     lw=2.2 if conversion else 0,
                 )
             )
-            if key in _SHORT:
+            if key in _FLOATS:
                 ax.text(
                     x + 0.5,
                     0.5,
-                    _SHORT[key],
+                    _short(key),
                     ha="center",
                     va="center",
                     fontsize=6.5,
