@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from mpguide.autograd import DtypeLog
+    from mpguide.backends import Comparison
     from mpguide.graphs import Graphs
     from mpguide.policy import Devices
     from mpguide.table import Table
@@ -329,7 +330,7 @@ def backend_bars(
         heights = [v - floor if v else 0 for v in vs]
         bars = ax.bar(xs, heights, width * 0.92, bottom=floor, color=GROUP_COLOURS[g], label=group)
         for bar, v in zip(bars, vs, strict=True):
-            text = "raised" if v is None else "0" if v == 0 else f"{v:.2g}"
+            text = "raised" if v is None else "0" if v == 0 else f"{v:.3g}"
             ax.annotate(
                 text,
                 (bar.get_x() + bar.get_width() / 2, (v or floor) if log else (v or 0)),
@@ -348,6 +349,25 @@ def backend_bars(
     ax.tick_params(axis="y", labelsize=8)
     ax.spines[["top", "right"]].set_visible(False)
     if len(values) > 1:
-        ax.legend(fontsize=8, frameon=False)
+        fig.legend(loc="outside lower center", ncol=len(values), fontsize=8, frameon=False)
     _title(fig, title)
     return fig
+
+
+# The statistics of an Outcome a bar chart can show, with the names Comparison.table gives them.
+METRICS = {"max_abs": "max |error|", "max_rel": "max |error| / mean |ref|"}
+
+
+def comparison_bars(
+    comparisons: Mapping[str, Comparison], metric: str = "max_abs", title: str = ""
+) -> Figure:
+    """:func:`backend_bars` of one statistic (a key of :data:`METRICS`) of each backend's
+    outcome, one group per :class:`~mpguide.backends.Comparison`; a backend that raised is
+    marked ``raised``. The title ends with the machine the first comparison ran on."""
+    if metric not in METRICS:
+        raise MPGuideError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    values = {
+        name: {o.backend: getattr(o, metric) for o in c.outcomes} for name, c in comparisons.items()
+    }
+    machine = next(iter(comparisons.values())).machine.caption() if comparisons else ""
+    return backend_bars(values, METRICS[metric], ", ".join(t for t in (title, machine) if t))

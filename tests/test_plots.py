@@ -144,17 +144,36 @@ def test_log_strips_draw_each_phase_of_a_log():
 def test_backend_bars_draw_one_bar_per_group_and_backend():
     values = {
         "round trip": {"eager": None, "aot_eager": 4e-3, "inductor": 0.0},
-        "rope": {"aot_eager": 2e-2, "inductor": 1e-7},
+        "rope": {"aot_eager": 0.02134, "inductor": 1.5e-7},
     }
     fig = plots.backend_bars(values, "max abs error", title="errors")
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "aot_eager", "inductor"]
     assert _colours(ax.patches) == [plots.GROUP_COLOURS[0]] * 3 + [plots.GROUP_COLOURS[1]] * 2
-    assert [t.get_text() for t in ax.texts] == ["raised", "0.004", "0", "0.02", "1e-07"]
+    assert [t.get_text() for t in ax.texts] == ["raised", "0.004", "0", "0.0213", "1.5e-07"]
     assert ax.get_yscale() == "log"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["round trip", "rope"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["round trip", "rope"]
     linear = plots.backend_bars({"counts": {"eager": 0, "inductor": 7}}, "elements", log=False)
     assert [p.get_height() for p in linear.axes[0].patches] == [0, 7]
     with pytest.raises(MPGuideError, match="at most 4 groups"):
         plots.backend_bars({str(i): {"eager": 1.0} for i in range(5)}, "x")
+    plt.close("all")
+
+
+def test_comparison_bars_draw_one_statistic_of_each_outcome():
+    from mpguide import backends
+
+    def rounds(x):
+        return x.to(torch.bfloat16).float() * 3
+
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    c = backends.compare(rounds, (x,), backends=("eager", "aot_eager"))
+    fig = plots.comparison_bars({"round trip": c}, "max_rel", title="t")
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "aot_eager"]
+    assert [t.get_text() for t in ax.texts] == [f"{o.max_rel:.3g}" for o in c.outcomes]
+    assert ax.get_ylabel() == plots.METRICS["max_rel"] == c.table().columns[3]
+    assert fig._suptitle.get_text().replace("\n", " ") == f"t, {c.machine.caption()}"
+    with pytest.raises(MPGuideError, match="unknown metric 'mean'"):
+        plots.comparison_bars({"round trip": c}, "mean")
     plt.close("all")

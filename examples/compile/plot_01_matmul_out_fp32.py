@@ -186,6 +186,16 @@ if dev.type == "cpu":
     assert emulated_same
 
 # %%
+# The three answers as bars: each backend's largest error against the float64 product, on a log
+# scale; eager has no bar, it raised.
+from mpguide import plots
+
+_ = plots.comparison_bars(
+    {"matmul": table},
+    title=f"bf16 matmul into a float32 out= plus a bf16 bias, against float64 ({table.reference})",
+)
+
+# %%
 # The same comparison recorded on a GPU
 # -------------------------------------
 # The graphs above say what CUDA's inductor computes, not how accurately: that needs a GPU.
