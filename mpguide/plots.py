@@ -137,7 +137,7 @@ def _title(fig: Figure, text: str, fontsize: float = 9) -> None:
     import textwrap
 
     if text:
-        chars = int(fig.get_figwidth() * 72 / (0.55 * fontsize))
+        chars = int(fig.get_figwidth() * 72 / (0.6 * fontsize))
         fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
 
 
@@ -195,20 +195,11 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    # At least 14 slots, so that a short strip keeps small boxes (they are square).
+    # At least 14 slots, so that a short strip keeps small boxes.
     n = max(14, *(len(boxes) for boxes in strips.values()))
     width = max(6.0, 0.34 * n + 1.0)
-    box = (width - 0.3) / n  # inches
-    heights = [
-        box + 0.05 * max((len(label) for label, _, _ in boxes), default=1) + 0.25
-        for boxes in strips.values()
-    ]
     fig, axes = plt.subplots(
-        len(strips),
-        1,
-        figsize=(width, sum(heights) + 0.5 + 0.3 * bool(title)),
-        layout="constrained",
-        squeeze=False,
+        len(strips), 1, figsize=(width, 2.0 * len(strips)), layout="constrained", squeeze=False
     )
     keys = []
     for ax, (name, boxes) in zip(axes[:, 0], strips.items(), strict=True):
@@ -238,7 +229,6 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
                 )
         ax.set_xlim(0, n)
         ax.set_ylim(0, 1)
-        ax.set_aspect("equal", anchor="NW")
         ax.set_xticks([x + 0.5 for x in range(len(boxes))], [b[0] for b in boxes], rotation=90)
         ax.set_yticks([])
         ax.tick_params(length=0, labelsize=7)
@@ -246,6 +236,17 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
         ax.set_title(textwrap.fill(name, int(fig.get_figwidth() * 16)), fontsize=8, loc="left")
     _title(fig, title)
     _dtype_legend(fig, keys, conversions=True)
+    # Square boxes: the height is what the labels, titles and legend measure, plus the boxes;
+    # every strip gets the room of the one with the longest label.
+    renderer = fig.canvas.get_renderer()
+
+    def inches(*texts):
+        return sum(t.get_window_extent(renderer).height for t in texts) / fig.dpi
+
+    labels = [t for ax in axes[:, 0] for t in ax.get_xticklabels()]
+    strip = max(map(inches, labels), default=0) + inches(axes[0, 0].title) + (width - 0.3) / n
+    heading = inches(fig.legends[0], *([fig._suptitle] if title else []))
+    fig.set_figheight(heading + len(strips) * (strip + 0.25) + 0.3)
     return fig
 
 
@@ -330,7 +331,15 @@ def backend_bars(
         heights = [v - floor if v else 0 for v in vs]
         bars = ax.bar(xs, heights, width * 0.92, bottom=floor, color=GROUP_COLOURS[g], label=group)
         for bar, v in zip(bars, vs, strict=True):
-            text = "raised" if v is None else "0" if v == 0 else f"{v:.3g}"
+            text = (
+                "raised"
+                if v is None
+                else "0"
+                if v == 0
+                else f"{v:.3g}"
+                if isinstance(v, float)
+                else str(v)
+            )
             ax.annotate(
                 text,
                 (bar.get_x() + bar.get_width() / 2, (v or floor) if log else (v or 0)),

@@ -185,6 +185,17 @@ assert conversions(cuda_ind.flow()) == conversions(cuda_aot.flow())
 assert cpu_extra > 0
 assert ("bf16", "f32") in conversions(cuda_aot.flow())
 
+# %%
+# The four forward graphs as strips, one box per node in graph order, coloured by the dtype it
+# returns, conversions outlined: autocast's casts to bf16 before ``addmm`` in every graph; on
+# CUDA the cast of its result to float32 for the softmax; on the CPU inductor's own conversions
+# around the bf16 softmax.
+from mpguide import plots
+
+_ = plots.graph_strips(cpu_aot, cpu_ind, cuda_aot, cuda_ind,
+                       title=f"softmax(linear(x)) under bf16 autocast, forward graphs, torch "
+                             f"{torch.__version__}")
+
 
 # %%
 # The outputs

@@ -184,6 +184,16 @@ assert cuda_converts[:2] == ["bf16[8]", "f32[8]"]
 assert cuda_converts == [t for op, t in live_cpu.nodes() if op == "prims.convert_element_type"]
 
 # %%
+# The graphs to read, as strips: inductor's forward and backward graphs on the CPU and its
+# forward graph for CUDA, one box per node coloured by the dtype it returns, conversions
+# outlined: the round to bf16 and back, then the float32 ``sin``.
+from mpguide import plots
+
+_ = plots.graph_strips(live_cpu, on_cuda, which=("forward", "backward"),
+                       title=f"scale_and_sin, AOTAutograd's graphs for inductor, torch "
+                             f"{torch.__version__}")
+
+# %%
 # What we saw
 # -----------
 # - ``graph_code`` shows your Python calls; the dtypes you should reason about start at

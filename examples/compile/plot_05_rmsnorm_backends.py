@@ -125,6 +125,18 @@ if dev.type == "cpu":
     assert builtin_differ["inductor"] > 0
 
 # %%
+# Both forms as bars: how many of the output elements each compiled backend changes against
+# eager, on a log scale (``0`` where none).
+from mpguide import plots
+
+_ = plots.backend_bars(
+    {name: {b: n for b, n in differ.items() if b != "eager"}
+     for name, (_, differ) in results.items()},
+    "elements that differ from eager",
+    title=f"bf16 RMSNorm of [64, {D}], {x.numel()} elements, {device.describe(dev).caption()}",
+)
+
+# %%
 # What remains: reduction order at rounding midpoints
 # ---------------------------------------------------
 # Inductor sums the squares in another order than eager, so the float32 reciprocal RMS of most
