@@ -86,6 +86,22 @@ assert len({same[b].item() for b in backends.BACKENDS}) == 1
 assert same["eager"].item() == in_float32.item()
 
 # %%
+# Both recipes as bars: each backend's scale against the exact ``fp8_max / amax``, by
+# :func:`mpguide.numerics.errors` (for one value, ``|scale - exact| / exact``), on a log scale.
+# With a bf16 ``amax`` the roundings of eager, ``aot_eager`` and emulation stand out; with a
+# float32 ``amax`` every backend has the float32 rounding of the same division.
+from mpguide import numerics, plots
+
+reference = torch.tensor(exact, dtype=torch.float64)
+_ = plots.backend_bars(
+    {name: {b: numerics.errors(v.cpu(), reference).max_rel for b, v in s.items()}
+     for name, s in scales.items()},
+    "|scale - exact| / exact",
+    title=f"scale = {FP8_MAX:g} / amax, amax {amax.item():g} in bf16, "
+    f"{device.describe(dev).caption()}",
+)
+
+# %%
 # The same graphs for CUDA
 # ------------------------
 # The graph each backend receives on CUDA (from a GPU, or simulated from this build's dispatch
