@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from mpguide.autograd import DtypeLog
     from mpguide.backends import Comparison
     from mpguide.graphs import Graphs
+    from mpguide.master_weights import Curve
     from mpguide.policy import Devices
     from mpguide.table import Table
 
@@ -380,3 +381,37 @@ def comparison_bars(
     }
     machine = next(iter(comparisons.values())).machine.caption() if comparisons else ""
     return backend_bars(values, METRICS[metric], ", ".join(t for t in (title, machine) if t))
+
+
+# -- training -----------------------------------------------------------------------------------
+
+
+def training_curves(curves: Mapping[str, Curve], title: str = "") -> Figure:
+    """The loss (log scale) and the share of updates the weights lost, per step, one line per
+    :class:`~mpguide.master_weights.Curve`, labelled by its key."""
+    import matplotlib.pyplot as plt
+
+    if len(curves) > len(GROUP_COLOURS):
+        raise MPGuideError(f"at most {len(GROUP_COLOURS)} curves, got {len(curves)}")
+    fig, (ax_loss, ax_lost) = plt.subplots(1, 2, figsize=(9, 3.8), layout="constrained")
+    styles = ("-", "--", "-.", ":")
+    for (label, c), colour, style in zip(curves.items(), GROUP_COLOURS, styles, strict=False):
+        ax_loss.semilogy(c.losses, style, color=colour, label=label)
+        ax_lost.plot(c.lost_share, style, color=colour, label=label)
+    ax_loss.set(xlabel="step", ylabel="mean squared error", title="loss")
+    ax_lost.set(xlabel="step", ylabel="share of updates lost", title="updates the weights lost")
+    for ax in (ax_loss, ax_lost):
+        ax.title.set_fontsize(9)
+        ax.xaxis.label.set_fontsize(8)
+        ax.yaxis.label.set_fontsize(8)
+        ax.tick_params(labelsize=8)
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.legend(
+        handles=ax_loss.get_lines(),
+        loc="outside lower center",
+        ncol=len(curves),
+        fontsize=8,
+        frameon=False,
+    )
+    _title(fig, title)
+    return fig

@@ -178,3 +178,25 @@ def test_comparison_bars_draw_one_statistic_of_each_outcome():
     with pytest.raises(MPGuideError, match="unknown metric 'mean'"):
         plots.comparison_bars({"round trip": c}, "mean")
     plt.close("all")
+
+
+def test_training_curves_draw_loss_and_lost_share_per_curve():
+    from mpguide import master_weights
+
+    curves = {w: master_weights.train(w, steps=20) for w in ("float32", "bfloat16")}
+    fig = plots.training_curves(curves, title="sgd")
+    loss, lost = fig.axes
+    assert [list(line.get_ydata()) for line in loss.get_lines()] == [
+        list(c.losses) for c in curves.values()
+    ]
+    assert [list(line.get_ydata()) for line in lost.get_lines()] == [
+        list(c.lost_share) for c in curves.values()
+    ]
+    assert [mcolors.to_hex(line.get_color()) for line in loss.get_lines()] == list(
+        plots.GROUP_COLOURS[:2]
+    )
+    assert loss.get_yscale() == "log"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["float32", "bfloat16"]
+    with pytest.raises(MPGuideError, match="at most 4 curves"):
+        plots.training_curves({str(i): curves["float32"] for i in range(5)})
+    plt.close("all")

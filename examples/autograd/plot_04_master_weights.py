@@ -15,7 +15,6 @@ going.
 # -----
 # Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
 # the CPU.
-import matplotlib.pyplot as plt
 import torch
 
 from mpguide import autograd, device, master_weights
@@ -98,21 +97,17 @@ assert fp32_first_lost is None or fp32.losses[fp32_first_lost] < master.final
 # %%
 # The loss curves
 # ---------------
-fig, (ax_loss, ax_lost) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
-styles = {"float32": "-", "bfloat16": "--", "master": "-."}
+from mpguide import plots
+
 labels = {
     "float32": "float32 weights",
     "bfloat16": "bf16 weights",
     "master": "bf16 weights, float32 master",
 }
-for name, c in curves.items():
-    ax_loss.semilogy(c.losses, styles[name], label=labels[name])
-    ax_lost.plot(c.lost_share, styles[name], label=labels[name])
-ax_loss.set(xlabel="step", ylabel="mean squared error", title="loss")
-ax_lost.set(xlabel="step", ylabel="share of updates lost", title="updates the weights lost")
-ax_loss.legend()
-fig.suptitle(f"SGD on a tiny regression, torch {torch.__version__} on {dev.type}")
-plt.show()
+_ = plots.training_curves(
+    {labels[name]: c for name, c in curves.items()},
+    title=f"SGD on a tiny regression, torch {torch.__version__} on {dev.type}",
+)
 
 # %%
 # Pure bf16 stops within a few dozen steps, at the loss printed above: once the updates
