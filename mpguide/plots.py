@@ -9,6 +9,7 @@ from mpguide import MPGuideError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from matplotlib.text import Text
 
     from mpguide.autograd import DtypeLog
     from mpguide.backends import Comparison
@@ -133,13 +134,14 @@ def _dtype_legend(fig: Figure, keys: Sequence[str], conversions: bool = False) -
     )
 
 
-def _title(fig: Figure, text: str, fontsize: float = 9) -> None:
-    """A title over the whole figure, wrapped to its width."""
+def _title(fig: Figure, text: str, fontsize: float = 9) -> Text | None:
+    """A title over the whole figure, wrapped to its width (none for an empty ``text``)."""
     import textwrap
 
-    if text:
-        chars = int(fig.get_figwidth() * 72 / (0.6 * fontsize))
-        fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
+    if not text:
+        return None
+    chars = int(fig.get_figwidth() * 72 / (0.6 * fontsize))
+    return fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
 
 
 def dtype_grid(table: Table, columns: Sequence[str] | None = None, title: str = "") -> Figure:
@@ -235,7 +237,7 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
         ax.tick_params(length=0, labelsize=7)
         ax.spines[:].set_visible(False)
         ax.set_title(textwrap.fill(name, int(fig.get_figwidth() * 16)), fontsize=8, loc="left")
-    _title(fig, title)
+    suptitle = _title(fig, title)
     _dtype_legend(fig, keys, conversions=True)
     # Square boxes: the height is what the labels, titles and legend measure, plus the boxes;
     # every strip gets the room of the one with the longest label.
@@ -246,7 +248,7 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
 
     labels = [t for ax in axes[:, 0] for t in ax.get_xticklabels()]
     strip = max(map(inches, labels), default=0) + inches(axes[0, 0].title) + (width - 0.3) / n
-    heading = inches(fig.legends[0], *([fig._suptitle] if title else []))
+    heading = inches(fig.legends[0], *([suptitle] if suptitle else []))
     fig.set_figheight(heading + len(strips) * (strip + 0.25) + 0.3)
     return fig
 

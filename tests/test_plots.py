@@ -66,7 +66,7 @@ def test_dtype_grid_colours_and_labels_each_cell():
         "error",
         "none",
     ]
-    assert fig._suptitle.get_text() == "a title"
+    assert fig.get_suptitle() == "a title"
     assert len(plots.dtype_grid(table).axes[0].patches) == 6  # every column but the first
     with pytest.raises(MPGuideError, match="no column 'gpu'"):
         plots.dtype_grid(table, ("gpu",))
@@ -174,7 +174,7 @@ def test_comparison_bars_draw_one_statistic_of_each_outcome():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "aot_eager"]
     assert [t.get_text() for t in ax.texts] == [f"{o.max_rel:.3g}" for o in c.outcomes]
     assert ax.get_ylabel() == plots.METRICS["max_rel"] == c.table().columns[3]
-    assert fig._suptitle.get_text().replace("\n", " ") == f"t, {c.machine.caption()}"
+    assert fig.get_suptitle().replace("\n", " ") == f"t, {c.machine.caption()}"
     with pytest.raises(MPGuideError, match="unknown metric 'mean'"):
         plots.comparison_bars({"round trip": c}, "mean")
     plt.close("all")
