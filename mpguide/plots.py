@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.text import Text
 
+    from mpguide import backends
     from mpguide.autograd import DtypeLog
-    from mpguide.backends import Comparison
     from mpguide.graphs import Graphs
     from mpguide.master_weights import Curve
     from mpguide.policy import Devices
@@ -371,7 +371,7 @@ METRICS = {"max_abs": "max |error|", "max_rel": "max |error| / mean |ref|"}
 
 
 def comparison_bars(
-    comparisons: Mapping[str, Comparison], metric: str = "max_abs", title: str = ""
+    comparisons: Mapping[str, backends.Comparison], metric: str = "max_abs", title: str = ""
 ) -> Figure:
     """:func:`backend_bars` of one statistic (a key of :data:`METRICS`) of each backend's
     outcome, one group per :class:`~mpguide.backends.Comparison`; a backend that raised is
