@@ -164,7 +164,7 @@ def dtype_grid(table: Table, columns: Sequence[str] | None = None, title: str = 
     keys = [[dtype_key(r[i]) for i in index] for r in table.rows]
     label_in = 0.065 * max(map(len, labels), default=1) + 0.3
     fig, ax = plt.subplots(
-        figsize=(max(5.0, label_in + 1.25 * len(columns) + 0.4), 0.3 * len(labels) + 1.9),
+        figsize=(max(4.5, label_in + 1.05 * len(columns) + 0.3), 0.3 * len(labels) + 1.9),
         layout="constrained",
     )
     for y, (row, row_keys) in enumerate(zip(table.rows, keys, strict=True)):
@@ -198,9 +198,10 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    # At least 14 slots, so that a short strip keeps small boxes.
-    n = max(14, *(len(boxes) for boxes in strips.values()))
-    width = max(6.0, 0.34 * n + 1.0)
+    # At least 12 slots, so that a short strip keeps small boxes; narrow, so that the labels
+    # stay legible when a phone scales the figure down.
+    n = max(12, *(len(boxes) for boxes in strips.values()))
+    width = 0.32 * n + 0.6
     fig, axes = plt.subplots(
         len(strips), 1, figsize=(width, 2.0 * len(strips)), layout="constrained", squeeze=False
     )
@@ -327,7 +328,9 @@ def backend_bars(
     positive = [x for v in values.values() for x in v.values() if x]
     floor = min(positive, default=1.0) / 10 if log else 0.0
     width = 0.8 / len(values)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(backends) + 1.6), 3.8), layout="constrained")
+    fig, ax = plt.subplots(
+        figsize=(max(4.5, 1.25 * len(backends) + 1.0), 3.6), layout="constrained"
+    )
     for g, (group, per_backend) in enumerate(values.items()):
         xs = [i - 0.4 + width * (g + 0.5) for i, b in enumerate(backends) if b in per_backend]
         vs = [per_backend[b] for b in backends if b in per_backend]
