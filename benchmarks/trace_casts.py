@@ -85,6 +85,72 @@ msgspec.json.decode(data, type=Document)
 """
 
 
+# Where casts spends its time: the same steps as ``python -m mpguide casts``, timed one by
+# one in one process (the decode worker included, as in the command), with the decoder and
+# the column building timed inside the load of this process's part. Prints JSON.
+_PHASES = """
+import json, resource, sys, time
+clock = {"wall": time.perf_counter, "cpu": time.process_time}
+marks = []
+def mark(name):
+    marks.append((name, {k: f() for k, f in clock.items()},
+                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+mark("start")
+import numpy, msgspec
+from mpguide import casts, trace
+mark("import")
+inside = {"decode": 0.0, "columns": 0.0}
+class Timed:
+    def __init__(self, decoder):
+        self.decoder = decoder
+    def decode(self, *args):
+        start = time.process_time()
+        try:
+            return self.decoder.decode(*args)
+        finally:
+            inside["decode"] += time.process_time() - start
+trace._DECODER = Timed(trace._DECODER)
+columns = trace._columns
+def timed_columns(*args):
+    start = time.process_time()
+    try:
+        return columns(*args)
+    finally:
+        inside["columns"] += time.process_time() - start
+trace._columns = timed_columns
+loaded = trace.load(sys.argv[1], args_of=casts.needs_args)
+mark("load")
+tree = loaded.tree()
+mark("tree")
+report = casts.report(tree)
+mark("report")
+report.summary("cause").render("table")
+mark("output")
+rows = []
+for (_, a, _), (name, b, peak) in zip(marks, marks[1:]):
+    rows.append({"phase": name, "wall_s": b["wall"] - a["wall"], "cpu_s": b["cpu"] - a["cpu"],
+                 "peak_mb": peak})
+child = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"phases": rows, "in_load_cpu_s": inside,
+                  "worker": {"cpu_s": child.ru_utime + child.ru_stime,
+                             "peak_mb": child.ru_maxrss / 1024}}))
+"""
+
+
+def profile(path: Path) -> dict:
+    """Per phase of casts (import, load, tree, report, output): wall and CPU seconds of the
+    main process and its peak RSS after the phase; the CPU seconds of decoding and of
+    building columns inside this process's part of the load; the worker's CPU and peak."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PHASES, str(path)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    return json.loads(out.stdout)
+
+
 def commands(path: Path) -> dict[str, list[str]]:
     py = sys.executable
     return {
@@ -282,6 +348,8 @@ def main(argv: list[str]) -> None:
             "file_mb": path.stat().st_size / 1e6,
             **measure(path, args.repeat),
         }
+        if case == (GOAL_EVENTS, "none", False):
+            row["profile"] = profile(path)
         record["results"].append(row)
         print(line(row), flush=True)
     record["provenance"]["load_average_at_end"] = os.getloadavg()[0]

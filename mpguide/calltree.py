@@ -596,6 +596,26 @@ def _nest_in_stack(start: list[int], end: list[int]) -> tuple[list[int], list[in
     return parents, depths, seen
 
 
+def _ranks(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For two ascending arrays, how many of ``second`` are below each of ``first``, and how
+    many of ``first`` are at or below each of ``second``: ``np.searchsorted`` both ways, by
+    one stable sort that merges the two runs."""
+    n = len(first)
+    order = np.argsort(np.concatenate((first, second)), kind="stable")
+    return (
+        np.flatnonzero(order < n) - np.arange(n),
+        np.flatnonzero(order >= n) - np.arange(len(second)),
+    )
+
+
+def _group_ends(start: np.ndarray) -> np.ndarray:
+    """For ascending ``start``, the position after the last of each one's equal values."""
+    change = np.flatnonzero(np.diff(start)) + 1
+    group = np.zeros(len(start), dtype=np.int64)
+    group[change] = 1
+    return np.append(change, len(start))[np.cumsum(group)]
+
+
 def _nest_without_overlaps(
     start: np.ndarray, end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, Counter] | None:
@@ -611,20 +631,23 @@ def _nest_without_overlaps(
     # Earlier events ended by start[k]: all ends up to it, less the zero-length events at
     # start[k] sorted after k (they close the group of events with that start).
     zero_length = np.concatenate(([0], np.cumsum(start == end)))
-    group_end = np.searchsorted(start, start, side="right")
-    ended = np.searchsorted(np.sort(end), start, side="right")
-    depth = position - ended + zero_length[group_end] - zero_length[position]
+    ends = np.sort(end)
+    closer, ended = _ranks(ends, start)
+    depth = position - ended + zero_length[_group_ends(start)] - zero_length[position]
+    # The events sorted by (depth, position) each look for the last event one level up
+    # before them.
     by_level = np.sort(depth * m + position)
-    above = by_level[np.maximum(np.searchsorted(by_level, (depth - 1) * m + position) - 1, 0)]
+    above = np.empty(m, dtype=np.int64)
+    above[by_level % m] = by_level[np.maximum(_ranks(by_level - m, by_level)[0] - 1, 0)]
     nested = depth > 0
     parent = np.where(nested, above % m, -1)
     if (above[nested] // m != depth[nested] - 1).any() or (end > end[parent])[nested].any():
         return None
-    closer = np.searchsorted(start, end)  # the event that closes each one, if any
-    closed = (start < end) & (closer < m)
-    touching = start[closer[closed]] == end[closed]
+    # Events of positive length at whose end another starts (a zero-length event's end is
+    # its own start).
+    touching = int((start[np.minimum(closer, m - 1)] == ends).sum()) - int(zero_length[-1])
     identical = nested & (start == start[parent]) & (end == end[parent])
-    return parent, depth, Counter(touching=int(touching.sum()), identical=int(identical.sum()))
+    return parent, depth, Counter(touching=touching, identical=int(identical.sum()))
 
 
 def _nest(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, Counter]:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 from html import escape
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import msgspec
@@ -139,12 +140,15 @@ class _CastArgs(msgspec.Struct, gc=False):
 _CAST_ARGS = msgspec.json.Decoder(_CastArgs)
 _CAST_ARGS_LIST = msgspec.json.Decoder(list[_CastArgs])
 
-_Key = tuple[str, bytes, bytes, bytes]
+_Key = tuple[str, bytes]
 _Described = tuple[tuple[str, str], tuple[int, ...] | None]
+_ENTRIES = attrgetter("types", "concrete", "dims")
 
 
 def _key(name: str, args: _CastArgs) -> _Key:
-    return name, bytes(args.types), bytes(args.concrete), bytes(args.dims)
+    """The op's name, and the JSON of its three entries joined by NUL (which JSON text
+    cannot hold), hashed once."""
+    return name, b"\0".join(_ENTRIES(args))
 
 
 def _list(raw: bytes) -> list:
@@ -156,9 +160,10 @@ def _at(items: list, i: int) -> Any:
     return items[i] if len(items) > i else None
 
 
-def _describe(name: str, types: bytes, concrete: bytes, dims: bytes) -> _Described:
+def _describe(name: str, entries: bytes) -> _Described:
     """(source, target) dtype of a cast op, ``'?'`` where the trace does not say, and the
-    first input's shape."""
+    first input's shape; ``entries`` as :func:`_key` joins them."""
+    types, concrete, dims = entries.split(b"\0")
     types_, first_dims = _list(types), _at(_list(dims), 0)
     if name == "aten::copy_":
         dst, src = _at(types_, 0), _at(types_, 1)

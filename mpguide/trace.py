@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, is_not, not_
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import NamedTuple
 
@@ -109,16 +109,14 @@ def _keeps_args(name: Coded, cat: Coded, args_of: Callable[[str], bool]) -> np.n
     return matching(name, args_of) | matching(cat, linked.__contains__)
 
 
-def _flows(others: list[Event], phase: Coded) -> Flows:
-    """The ``ac2g`` flow starts and ends among ``others``, whose phases are ``phase``, with an
-    ``id`` and a finite time."""
-    flow_phase = matching(phase, ("s", "f").__contains__)
-    maybe = list(compress(others, flow_phase.tolist()))
+def _flows(events: list[Event], flowing: np.ndarray) -> Flows:
+    """The ``ac2g`` flow starts and ends among ``events``, of those ``flowing`` marks (flow
+    phases in the flow category), with an ``id`` and a finite time."""
+    maybe = list(compress(events, flowing.tolist()))
     n = len(maybe)
     ts = np.fromiter(map(attrgetter("ts"), maybe), float, n)
-    cat = np.fromiter(map(FLOW.__eq__, map(attrgetter("cat"), maybe)), bool, n)
     has_id = np.fromiter(map(is_not, map(attrgetter("id"), maybe), repeat(None)), bool, n)
-    events = list(compress(maybe, (cat & has_id & np.isfinite(ts)).tolist()))
+    events = list(compress(maybe, (has_id & np.isfinite(ts)).tolist()))
     n = len(events)
     return Flows(
         np.fromiter(map("s".__eq__, map(attrgetter("ph"), events)), bool, n),
@@ -127,26 +125,42 @@ def _flows(others: list[Event], phase: Coded) -> Flows:
     )
 
 
+_KINDS = attrgetter("ph", "name", "cat", "pid", "tid")
+
+
 def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) -> Trace:
     """The complete events as columns, the flow events apart, the others counted by phase;
-    ``args`` only of the events :func:`_keeps_args` says."""
-    is_complete = [e.ph == "X" for e in events]
-    others = list(compress(events, map(not_, is_complete)))
-    phase = Coded(*codes(map(attrgetter("ph"), others), len(others)))
-    counts = np.bincount(phase.codes, minlength=len(phase.values)).tolist()
-    other = dict(zip(phase.values, counts, strict=True))
-    complete = list(compress(events, is_complete))
-    n = len(complete)
-    coded = [Coded(*codes(map(attrgetter(f), complete), n)) for f in ("name", "cat", "pid", "tid")]
-    ts, dur = (np.fromiter(map(attrgetter(f), complete), float, n) for f in ("ts", "dur"))
-    raws = list(map(attrgetter("args"), complete))
+    ``args`` only of the events :func:`_keeps_args` says.
+
+    Phase, name, category, process and thread are coded in one pass over the events, as
+    their distinct combinations; each field's codes follow from those by array indexing."""
+    kind, kinds = codes(map(_KINDS, events), len(events))
+    ph, name, cat, pid, tid = map(list, zip(*kinds, strict=True)) if kinds else ([], [], [], [], [])
+    phase, phases = codes(ph, len(ph))
+    of_complete = np.array([p == "X" for p in ph], dtype=bool)
+    is_complete = of_complete[kind]
+    counts = np.bincount(phase[kind[~is_complete]], minlength=len(phases)).tolist()
+    other = {p: c for p, c in zip(phases, counts, strict=True) if c}
+    flowing = [p in ("s", "f") and c == FLOW for p, c in zip(ph, cat, strict=True)]
+    flows = _flows(events, np.array(flowing, dtype=bool)[kind])
+    if not is_complete.all():
+        events, kind = list(compress(events, is_complete.tolist())), kind[is_complete]
+    n = len(events)
+    on_complete = np.flatnonzero(of_complete).tolist()
+    coded = []
+    for values in (name, cat, pid, tid):
+        code = np.zeros(len(kinds), dtype=np.int64)
+        code[on_complete], distinct = codes(map(values.__getitem__, on_complete), len(on_complete))
+        coded.append(Coded(code[kind], distinct))
+    ts, dur = (np.fromiter(map(attrgetter(f), events), float, n) for f in ("ts", "dur"))
     kept = None if args_of is None else _keeps_args(coded[0], coded[1], args_of)
-    lengths = np.fromiter(map(len, raws), np.int64, n)
-    if kept is not None:
-        raws = list(compress(raws, kept.tolist()))
-        lengths[~kept] = 0
+    raws = list(map(attrgetter("args"), events if kept is None else compress(events, kept)))
+    lengths = np.zeros(n, dtype=np.int64)
+    lengths[slice(None) if kept is None else kept] = np.fromiter(
+        map(len, raws), np.int64, len(raws)
+    )
     args = Args((b"".join(raws),), np.zeros(1, np.int64), np.cumsum(lengths), kept)
-    return Trace(*coded, ts, dur, args, other, _flows(others, phase), source, replaced)
+    return Trace(*coded, ts, dur, args, other, flows, source, replaced)
 
 
 def _joined(parts: list[Trace], source: str) -> Trace:

@@ -1,28 +1,12 @@
 import pytest
 import torch
+from compile_fns import issue_inputs, matmul_out_fp32, round_trip
 
 from mpguide import MPGuideError, backends
 
 
-def _matmul_out_fp32(x, y, b):
-    out = torch.empty(x.shape[:-1] + y.shape[-1:], dtype=torch.float32, device=x.device)
-    return torch.matmul(x, y, out=out) + b
-
-
-def _issue_inputs():
-    gen = torch.Generator().manual_seed(0)
-    return tuple(
-        torch.randn(*s, generator=gen).to(torch.bfloat16)
-        for s in ((32, 7, 1, 8), (32, 7, 8, 1), (32, 7, 1, 1))
-    )
-
-
 def _exact(x, y, b):
     return torch.matmul(x.double(), y.double()) + b.double()
-
-
-def _round_trip(x):
-    return x.to(torch.bfloat16).to(torch.float32) * 3.0
 
 
 def _no_low_precision(x):
@@ -31,7 +15,7 @@ def _no_low_precision(x):
 
 def test_an_unknown_backend_is_a_one_line_error():
     with pytest.raises(MPGuideError, match="unknown backend 'cudagraphs'"):
-        backends.compare(_round_trip, (torch.ones(8),), backends=("cudagraphs",))
+        backends.compare(round_trip, (torch.ones(8),), backends=("cudagraphs",))
 
 
 def test_errors_are_those_of_numerics_over_all_outputs():
@@ -61,7 +45,7 @@ def test_no_low_precision_step_agrees_with_the_reference_to_fp32_accuracy():
 def test_a_forced_bf16_round_trip_shows_bf16_sized_error():
     x = torch.randn(256, generator=torch.Generator().manual_seed(1))
     c = backends.compare(
-        _round_trip, (x,), backends=("eager", "aot_eager"), reference=lambda x: x.double() * 3.0
+        round_trip, (x,), backends=("eager", "aot_eager"), reference=lambda x: x.double() * 3.0
     )
     # one bf16 rounding: each error is at most bf16's unit roundoff times that value
     largest = 3.0 * x.double().abs().max().item()
@@ -74,7 +58,7 @@ def test_a_forced_bf16_round_trip_shows_bf16_sized_error():
 
 def test_a_backend_that_raises_gets_a_row_with_its_error():
     c = backends.compare(
-        _matmul_out_fp32, _issue_inputs(), backends=("eager", "aot_eager"), reference=_exact
+        matmul_out_fp32, issue_inputs(), backends=("eager", "aot_eager"), reference=_exact
     )
     eager, aot = c["eager"], c["aot_eager"]
     assert eager.error.startswith("RuntimeError: Expected out tensor to have dtype")
@@ -95,4 +79,4 @@ def test_reference_dtype_casts_the_inputs():
 
 def test_a_reference_that_raises_is_a_one_line_error():
     with pytest.raises(MPGuideError, match=r"the reference \(float64 eager\) raised RuntimeError"):
-        backends.compare(_matmul_out_fp32, _issue_inputs(), backends=("eager",))
+        backends.compare(matmul_out_fp32, issue_inputs(), backends=("eager",))

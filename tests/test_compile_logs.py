@@ -1,11 +1,8 @@
 import pytest
 import torch
+from compile_fns import round_trip
 
 from mpguide import MPGuideError, backends, compile_logs, graphs
-
-
-def _round_trip(x):
-    return x.to(torch.bfloat16).to(torch.float32) * 3.0
 
 
 def test_unused_conversions_finds_a_dropped_rounding():
@@ -26,8 +23,8 @@ def test_unused_conversions_finds_a_dropped_rounding():
 
 def test_inductor_drops_a_bf16_round_trip_on_cpu_unless_emulating():
     x = torch.randn(64)
-    plain = graphs.capture(_round_trip, x, backend="inductor")
-    emulated = graphs.capture(_round_trip, x, backend=backends.EMULATE)
+    plain = graphs.capture(round_trip, x, backend="inductor")
+    emulated = graphs.capture(round_trip, x, backend=backends.EMULATE)
     assert len(compile_logs.unused_conversions(plain.kernels()[0])) == 1
     assert compile_logs.unused_conversions(emulated.kernels()[0]) == []
 

@@ -1,29 +1,13 @@
 import pytest
 import torch
+from compile_fns import issue_inputs, matmul_out_fp32, round_trip
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from mpguide import MPGuideError, backends, device, graphs
 
 
-def _matmul_out_fp32(x, y, b):
-    out = torch.empty(x.shape[:-1] + y.shape[-1:], dtype=torch.float32, device=x.device)
-    return torch.matmul(x, y, out=out) + b
-
-
-def _issue_inputs():
-    gen = torch.Generator().manual_seed(0)
-    return tuple(
-        torch.randn(*s, generator=gen).to(torch.bfloat16)
-        for s in ((32, 7, 1, 8), (32, 7, 8, 1), (32, 7, 1, 1))
-    )
-
-
 def _exact(x, y, b):
     return torch.matmul(x.double(), y.double()) + b.double()
-
-
-def _round_trip(x):
-    return x.to(torch.bfloat16).to(torch.float32) * 3.0
 
 
 def _no_low_precision(x):
@@ -39,7 +23,7 @@ def _targets(gm):
 
 
 def test_aot_eager_keeps_the_bf16_bmm_and_copies_into_fp32():
-    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="aot_eager")
+    g = graphs.capture(matmul_out_fp32, *issue_inputs(), backend="aot_eager")
     assert g.backward is None
     targets = _targets(g.forward)
     assert "aten.bmm.default" in targets
@@ -51,7 +35,7 @@ def test_aot_eager_keeps_the_bf16_bmm_and_copies_into_fp32():
 
 
 def test_inductor_graph_is_decomposed_into_fp32_multiply_and_sum():
-    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="inductor")
+    g = graphs.capture(matmul_out_fp32, *issue_inputs(), backend="inductor")
     targets = _targets(g.forward)
     assert "aten.bmm.default" not in targets
     assert "aten.mul.Tensor" in targets and "aten.sum.dim_IntList" in targets
@@ -64,12 +48,12 @@ def test_inductor_graph_is_decomposed_into_fp32_multiply_and_sum():
 
 
 def test_render_puts_dtype_and_shape_on_every_node():
-    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="aot_eager")
+    g = graphs.capture(matmul_out_fp32, *issue_inputs(), backend="aot_eager")
     text = g.render()
     assert text.startswith("def forward(arg0_1: bf16[32, 7, 1, 8], ")
     assert "    bmm: bf16[224, 1, 1] = aten.bmm(view, view_1)" in text
     assert "    add: f32[32, 7, 1, 1] = aten.add.Tensor(copy, arg2_1)" in text
-    assert "test_graphs.py:" in text and "in _matmul_out_fp32: return torch.matmul" in text
+    assert "compile_fns.py:" in text and "in matmul_out_fp32: return torch.matmul" in text
     body = [ln for ln in text.splitlines()[1:] if not ln.lstrip().startswith(("#", "return"))]
     assert len(body) == sum(n.op == "call_function" for n in g.forward.graph.nodes)
     assert all(": f32[" in ln or ": bf16[" in ln for ln in body)
@@ -90,10 +74,10 @@ def test_dtype_flow_on_a_known_graph():
 
 
 def test_dtype_flow_names_the_user_line():
-    g = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    g = graphs.capture(round_trip, torch.ones(8), backend="aot_eager")
     flow = g.flow()
     assert flow.column("out") == ["bf16", "f32"]
-    assert all("in _round_trip: return x.to(torch.bfloat16)" in s for s in flow.column("user code"))
+    assert all("in round_trip: return x.to(torch.bfloat16)" in s for s in flow.column("user code"))
 
 
 def test_backward_graph_is_captured_when_an_input_requires_grad():
@@ -107,15 +91,15 @@ def test_backward_graph_is_captured_when_an_input_requires_grad():
 
 
 def test_a_missing_graph_or_unknown_backend_is_a_one_line_error():
-    g = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    g = graphs.capture(round_trip, torch.ones(8), backend="aot_eager")
     with pytest.raises(MPGuideError, match="no 'backward' graph"):
         g.render("backward")
     with pytest.raises(MPGuideError, match="unknown backend 'eager'"):
-        graphs.capture(_round_trip, torch.ones(8), backend="eager")
+        graphs.capture(round_trip, torch.ones(8), backend="eager")
 
 
 def test_side_by_side_shows_each_capture():
-    a = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    a = graphs.capture(round_trip, torch.ones(8), backend="aot_eager")
     view = graphs.side_by_side(a, a)
     assert repr(view).count("# aot_eager") == 2
     assert view._repr_html_().count("<pre") == 2
@@ -150,7 +134,7 @@ def test_backward_once_without_grad_does_nothing():
 
 
 def test_compact_render_keeps_dtype_shape_and_op():
-    g = graphs.capture(_matmul_out_fp32, *_issue_inputs(), backend="aot_eager")
+    g = graphs.capture(matmul_out_fp32, *issue_inputs(), backend="aot_eager")
     lines = g.render(compact=True).splitlines()
     assert lines[:2] == ["def forward(", "    arg0_1: bf16[32, 7, 1, 8],"]
     assert "    bf16[224, 1, 1]    bmm" in lines
@@ -173,8 +157,8 @@ _ISSUE_SPECS = ("bf16[32,7,1,8]", "bf16[32,7,8,1]", "bf16[32,7,1,1]")
 
 
 def test_simulated_cuda_inductor_keeps_the_bmm_that_cpu_decomposes():
-    cpu = _simulated("cpu", _matmul_out_fp32, _ISSUE_SPECS, "inductor")
-    cuda = _simulated("cuda", _matmul_out_fp32, _ISSUE_SPECS, "inductor")
+    cpu = _simulated("cpu", matmul_out_fp32, _ISSUE_SPECS, "inductor")
+    cuda = _simulated("cuda", matmul_out_fp32, _ISSUE_SPECS, "inductor")
     assert ("aten.bmm", "bf16[224, 1, 1]") in cuda.nodes()
     assert "aten.bmm" not in [op for op, _ in cpu.nodes()]
     assert ("aten.mul.Tensor", "f32[224, 8]") in cpu.nodes()
@@ -188,8 +172,8 @@ def test_simulated_cuda_inductor_keeps_the_bmm_that_cpu_decomposes():
 @pytest.mark.parametrize(
     ("fn", "specs", "grad"),
     [
-        (_matmul_out_fp32, _ISSUE_SPECS, False),
-        (_round_trip, ("f32[64]",), True),
+        (matmul_out_fp32, _ISSUE_SPECS, False),
+        (round_trip, ("f32[64]",), True),
         (
             lambda x, w: (
                 (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True))).to(x.dtype) * w
@@ -225,8 +209,8 @@ def test_simulated_cuda_under_autocast_runs_softmax_in_fp32_and_has_no_backward(
 
 
 def test_provenance_is_in_every_rendering():
-    sim = _simulated("cuda", _round_trip, ("f32[8]",), "aot_eager")
-    live = graphs.capture(_round_trip, torch.ones(8), backend="aot_eager")
+    sim = _simulated("cuda", round_trip, ("f32[8]",), "aot_eager")
+    live = graphs.capture(round_trip, torch.ones(8), backend="aot_eager")
     for g, how in ((sim, device.SIMULATED), (live, device.LIVE)):
         assert how in repr(g) and how in g._repr_html_() and how in g.flow().caption
         view = graphs.side_by_side(g)
@@ -239,7 +223,7 @@ def test_simulated_capture_refuses_emulation_and_mixed_fake_modes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with pytest.raises(MPGuideError, match="changes only the code inductor generates"):
-        _simulated("cpu", _round_trip, ("f32[8]",), backends.EMULATE)
+        _simulated("cpu", round_trip, ("f32[8]",), backends.EMULATE)
     with FakeTensorMode():
         a = torch.ones(2)
     with FakeTensorMode():

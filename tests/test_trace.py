@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpguide import MPGuideError, trace, tracegen
+from mpguide import MPGuideError, calltree, trace, tracegen
 
 DATA = Path(__file__).parent / "data"
 BASE = 4_402_438_546_149.513
@@ -606,3 +606,19 @@ def test_generated_traces_nest_as_generated(ops, python, gpu, threads, seed):
     for k in nodes:
         want = generated[k]["parent"]
         assert tree.parent[node_of[k]] == (node_of[want] if want >= 0 else -1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 6)), max_size=40))
+def test_array_nesting_is_the_stack_nesting(spans):
+    spans = sorted(spans, key=lambda span: (span[0], -span[1]))
+    start = np.array([s for s, _ in spans], dtype=np.int64)
+    end = start + np.array([d for _, d in spans], dtype=np.int64)
+    parents, depths, seen = calltree._nest_in_stack(start.tolist(), end.tolist())
+    found = calltree._nest_without_overlaps(start, end)
+    if found is None:
+        assert seen["overlaps"] > 0
+        return
+    parent, depth, counts = found
+    assert parent.tolist() == parents and depth.tolist() == depths
+    assert [counts[k] for k in ("touching", "identical")] == [seen["touching"], seen["identical"]]
