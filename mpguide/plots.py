@@ -89,9 +89,10 @@ def bit_layout(formats: Sequence[Format]) -> Figure:
                 box.set_gid(field)
                 ax.add_patch(box)
                 x += 1
-        parts = f"{fmt.sign_bits} + {fmt.exponent_bits} + {fmt.mantissa_bits}"
-        ax.text(x + 0.8, row, f"{parts} = {fmt.bits} bits", va="center", fontsize=8)
-    ax.set_xlim(0, widest + 14)
+        parts = f"{fmt.sign_bits}+{fmt.exponent_bits}+{fmt.mantissa_bits}"
+        text = f"{parts} bits, max {fmt.max:.2g}, eps {fmt.eps:.2g}"
+        ax.text(x + 0.8, row, text, va="center", fontsize=8)
+    ax.set_xlim(0, widest + 26)
     ax.set_ylim(len(formats) - 0.5, -0.5)
     ax.set_yticks(range(len(formats)), [f.name for f in formats], fontsize=9)
     ax.set_xticks([])
@@ -234,38 +235,60 @@ def overflow_histogram(values: Sequence[float], limit: float, *, label: str) -> 
 
 
 def icicle(
-    roots: Node | Sequence[Node], report: CastReport | None = None, *, title: str = ""
+    roots: Node | Sequence[Node],
+    report: CastReport | None = None,
+    *,
+    scale: str = "time",
+    title: str = "",
 ) -> Figure:
-    """A call tree as an icicle chart: one rectangle per CPU op from its start to its end, one
-    row per depth below ``roots``; the casts of ``report`` and the ops inside them are
-    orange. Names are written where they fit."""
+    """A call tree as an icicle chart: one rectangle per CPU op, one row per depth below
+    ``roots``, each op under its caller; the casts of ``report`` and the ops inside them are
+    orange. ``scale="time"`` draws each op from its start to its end (µs);
+    ``scale="ops"`` gives each op without children one unit of width, so that the shape of
+    the tree does not depend on a noisy clock. Names are written where they fit."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
+    if scale not in ("time", "ops"):
+        raise ValueError(f"scale must be 'time' or 'ops', not {scale!r}")
     roots = list(roots) if isinstance(roots, list | tuple) else [roots]
     cast_ids = {c.id for c in report} if report is not None else set()
-    t0 = roots[0].start
-    span = max(r.start + r.dur for r in roots) - t0
+    # Depth first: (node, depth, inside a cast, index of the parent in ``drawn``).
     drawn = []
-    stack = [(r, 0, r.id in cast_ids) for r in reversed(roots)]
+    stack = [(r, 0, r.id in cast_ids, -1) for r in reversed(roots)]
     while stack:
-        node, depth, in_cast = stack.pop()
-        drawn.append((node, depth, in_cast))
+        node, depth, in_cast, parent = stack.pop()
+        drawn.append((node, depth, in_cast, parent))
+        here = len(drawn) - 1
         kids = [c for c in node.children if not c.is_gpu]
-        stack.extend((c, depth + 1, in_cast or c.id in cast_ids) for c in reversed(kids))
-    levels = max(d for _, d, _ in drawn) + 1
+        stack.extend((c, depth + 1, in_cast or c.id in cast_ids, here) for c in reversed(kids))
+    if scale == "time":
+        t0 = roots[0].start
+        boxes = [(n.start - t0, n.dur) for n, *_ in drawn]
+    else:
+        leaves = [0] * len(drawn)
+        for k in range(len(drawn) - 1, -1, -1):
+            leaves[k] = max(leaves[k], 1)
+            if drawn[k][3] >= 0:
+                leaves[drawn[k][3]] += leaves[k]
+        boxes, next_x = [], {-1: 0.0}
+        for k, (_, _, _, parent) in enumerate(drawn):
+            boxes.append((next_x[parent], float(leaves[k])))
+            next_x[parent] += leaves[k]
+            next_x[k] = boxes[-1][0]
+    span = max(x + w for x, w in boxes)
+    levels = max(d for _, d, _, _ in drawn) + 1
     width_in = 10.0
     fig, ax = plt.subplots(figsize=(width_in, 0.42 * levels + 1.6), layout="constrained")
-    for node, depth, in_cast in drawn:
-        x = node.start - t0
-        box = Rectangle((x, depth), node.dur, 0.92, edgecolor="white", linewidth=0.6)
+    for (node, depth, in_cast, _), (x, w) in zip(drawn, boxes, strict=True):
+        box = Rectangle((x, depth), w, 0.92, edgecolor="white", linewidth=0.6)
         box.set_facecolor(CAST_COLOUR if in_cast else OP_COLOUR)
         box.set_gid(str(node.id))
         ax.add_patch(box)
         # About 0.065 inch per character at fontsize 7; the axes take ~90% of the width.
-        if node.dur / span * width_in * 0.9 > 0.065 * len(node.name) + 0.05:
+        if w / span * width_in * 0.9 > 0.065 * len(node.name) + 0.05:
             ax.text(
-                x + node.dur / 2,
+                x + w / 2,
                 depth + 0.46,
                 node.name,
                 ha="center",
@@ -277,7 +300,11 @@ def icicle(
     ax.set_ylim(levels, 0)
     ax.set_yticks([d + 0.46 for d in range(levels)], [str(d) for d in range(levels)], fontsize=8)
     ax.set_ylabel("depth")
-    ax.set_xlabel("time since the first op started (µs)")
+    if scale == "time":
+        ax.set_xlabel("time since the first op started (µs)")
+    else:
+        ax.set_xticks([])
+        ax.set_xlabel("ops in call order (width: the ops without children below each op)")
     ax.legend(
         handles=[Patch(color=OP_COLOUR, label="op"), Patch(color=CAST_COLOUR, label="cast")],
         loc="lower right",
