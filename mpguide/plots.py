@@ -316,3 +316,105 @@ def icicle(
     if title:
         ax.set_title(title, fontsize=9, loc="left")
     return fig
+
+
+if TYPE_CHECKING:
+    from mpguide.inference import Result
+    from mpguide.numerics import KSweep
+
+
+def k_sweep(sweep: KSweep) -> Figure:
+    """Error against the reduction length ``K`` on log-log axes, one curve per format and
+    accumulation: RMS error on the left, max error over mean ``|result|`` on the right, each
+    with a dotted ``sqrt(K)`` line. TF32 is drawn hollow, so that fp16 shows through it."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_abs, ax_rel) = plt.subplots(1, 2, figsize=(11, 5.5), layout="constrained")
+    markers = {"float32": "o", "tf32": "D", "bfloat16": "s", "float16": "^"}
+    ks: list[int] = []
+    for fmt, acc in sweep.curves():
+        ks, stats = sweep.series(fmt, acc)
+        style = {
+            "linestyle": "-" if acc == "fp32" else "--",
+            "marker": markers.get(fmt, "x"),
+            "markersize": 9 if fmt == "tf32" else 6,
+            "markerfacecolor": "none" if fmt == "tf32" else None,
+            "label": f"{fmt} inputs, {acc} accumulation",
+        }
+        ax_abs.loglog(ks, [s.rms for s in stats], **style)
+        ax_rel.loglog(ks, [s.max_rel for s in stats], **style)
+    first = {curve: sweep.series(*curve)[1][0] for curve in sweep.curves()}
+    anchors = (
+        (ax_abs, 10 * first["float32", "fp32"].rms),
+        (ax_rel, max(s.max_rel for s in first.values())),
+    )
+    for ax, anchor in anchors:
+        growth = [anchor * (k / ks[0]) ** 0.5 for k in ks]
+        ax.loglog(ks, growth, ":", color="gray", label="sqrt(K) growth" if ax is ax_abs else None)
+        ax.set_xlabel("reduction length K")
+        ax.grid(True, which="major", alpha=0.3)
+    ax_abs.set_ylabel("RMS error")
+    ax_rel.set_ylabel("max |error| / mean |result|")
+    fig.legend(*ax_abs.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=9)
+    fig.suptitle(sweep.caption, fontsize=10)
+    return fig
+
+
+def latency_error(runs: Sequence[Sequence[Result]], *, title: str = "") -> Figure:
+    """One point per served variant: its median latency, with a bar from the first to the
+    third quartile, against the largest error of its output; each run of variants (timed
+    together) has its own marker. The error axis is linear near zero, where fp32 sits."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.0, 4.8), layout="constrained")
+    for run, marker in zip(runs, "os^v", strict=False):
+        for r in run:
+            q1, q3 = r.latency.quartiles
+            median = r.latency.median
+            ax.errorbar(
+                median * 1e3,
+                r.max_error,
+                xerr=[[(median - q1) * 1e3], [(q3 - median) * 1e3]],
+                fmt=marker,
+                capsize=3,
+                label=r.name,
+            )
+    nonzero = [r.max_error for run in runs for r in run if r.max_error > 0]
+    ax.set_yscale("symlog", linthresh=min(nonzero, default=1.0) / 2)
+    ax.set_xscale("log")
+    ax.set_xlabel("median latency of a forward pass (ms, log scale)")
+    ax.set_ylabel("max |error| against fp32")
+    if title:
+        ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    return fig
+
+
+def cast_costs(report: CastReport, *, title: str = "") -> Figure:
+    """The time of the casts of ``report`` by cause (one bar each, largest first), split into
+    down-casts and up-casts: kernel time when the trace has GPU events, else CPU op time."""
+    import matplotlib.pyplot as plt
+
+    found = list(report)
+    clock = "gpu_us" if report.gpu else "cpu_us"
+    total: dict[str, float] = {}
+    for c in found:
+        total[c.cause] = total.get(c.cause, 0.0) + getattr(c, clock)
+    causes = sorted(total, key=lambda k: -total[k])
+    fig, ax = plt.subplots(figsize=(8.0, 0.4 * len(causes) + 1.6), layout="constrained")
+    left = [0.0] * len(causes)
+    labels = [k.replace("autograd::engine::evaluate_function: ", "backward: ") for k in causes]
+    for direction, colour in (("down-cast", SERIES_COLOURS[0]), ("up-cast", SERIES_COLOURS[1])):
+        widths = [
+            sum(getattr(c, clock) for c in found if c.cause == k and c.direction == direction)
+            for k in causes
+        ]
+        ax.barh(labels, widths, left=left, color=colour, label=direction)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_ylim(len(causes) - 0.5, -0.5)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel(f"cast time ({'GPU kernel' if report.gpu else 'CPU op'} µs)")
+    if title:
+        ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig

@@ -154,3 +154,88 @@ def test_icicle_draws_every_cpu_op_and_colours_the_casts():
     with pytest.raises(ValueError, match="scale"):
         plots.icicle(root, scale="bytes")
     plt.close("all")
+
+
+def test_k_sweep_draws_each_curve_on_both_axes():
+    from mpguide.numerics import ErrorStats, KSweep, SweepRow
+
+    rows = tuple(
+        SweepRow(fmt, acc, k, ErrorStats(0.0, scale * k**0.5, scale * k, 0.0))
+        for k in (16, 64)
+        for fmt, acc, scale in (("float32", "fp32", 1e-7), ("float16", "float16", 1e-3))
+    )
+    fig = plots.k_sweep(KSweep(rows, "caption"))
+    ax_abs, ax_rel = fig.axes
+    for ax in (ax_abs, ax_rel):
+        assert ax.get_xscale() == ax.get_yscale() == "log"
+        assert len(ax.lines) == 3  # two curves and the sqrt(K) line
+        assert list(ax.lines[0].get_xdata()) == [16, 64]
+    assert list(ax_abs.lines[1].get_ydata()) == [1e-3 * 16, 1e-3 * 64]
+    assert list(ax_rel.lines[0].get_ydata()) == [1e-7 * 4, 1e-7 * 8]
+    assert ax_abs.lines[1].get_linestyle() == "--"  # accumulated in its own format
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == [
+        "float32 inputs, fp32 accumulation",
+        "float16 inputs, float16 accumulation",
+        "sqrt(K) growth",
+    ]
+    plt.close("all")
+
+
+def test_latency_error_places_each_variant_at_its_median_and_error():
+    from mpguide.inference import Result, Variant
+    from mpguide.timing import Latency
+
+    def result(name, error, times):
+        return Result(
+            Variant(name), torch.float32, error, error, 1.0, 0, 0, 0, Latency(name, times, "cpu")
+        )
+
+    first = [result("fp32", 0.0, (1e-3, 2e-3, 3e-3)), result("bf16", 0.5, (4e-3, 5e-3, 6e-3))]
+    ax = plots.latency_error([first, [result("compiled", 0.25, (1e-3,) * 3)]]).axes[0]
+    points = [(c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in ax.containers]
+    assert points == [(2.0, 0.0), (5.0, 0.5), (1.0, 0.25)]
+    assert [c.lines[0].get_marker() for c in ax.containers] == ["o", "o", "s"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fp32", "bf16", "compiled"]
+    assert ax.get_yscale() == "symlog" and ax.get_xscale() == "log"
+    plt.close("all")
+
+
+def test_cast_costs_stacks_directions_per_cause():
+    import json
+
+    from mpguide import casts, trace
+
+    def op(name, ts, dur, **args):
+        return {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": name,
+            "pid": 1,
+            "tid": 1,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
+
+    def cast(ts, dur, src, dst):
+        return op("aten::to", ts, dur, **{"Input type": [src], "Input Dims": [[4, 4]]}), op(
+            "aten::copy_", ts + 1, dur - 2, **{"Input type": [dst, src], "Input Dims": [[4, 4]] * 2}
+        )
+
+    events = [
+        op("aten::linear", 0, 100),
+        *cast(1, 30, "float", "c10::BFloat16"),
+        op("aten::layer_norm", 200, 100),
+        *cast(201, 10, "c10::BFloat16", "float"),
+        *cast(220, 20, "float", "c10::BFloat16"),
+    ]
+    report = casts.report(trace.parse(json.dumps({"traceEvents": events}).encode()).tree())
+    ax = plots.cast_costs(report).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["aten::linear", "aten::layer_norm"]
+    down, up = ax.containers
+    assert [p.get_width() for p in down] == [30, 20]
+    assert [p.get_width() for p in up] == [0, 10]
+    assert [p.get_x() for p in up] == [30, 20]
+    assert ax.get_xlabel() == "cast time (CPU op µs)"
+    plt.close("all")
