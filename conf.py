@@ -140,7 +140,7 @@ html_sidebars = {
     f"docs/{page}": [] for page in ("install", "cli", "api", "benchmarks", "contributing")
 }
 # An example page's tables and trees need the width: its "on this page" list moves from the
-# right-hand sidebar into the left one, under the chapters.
+# right-hand sidebar (see html_theme_options) into the left one, under the chapters.
 EXAMPLE_PAGES = "docs/auto_examples/*/plot_*"
 html_sidebars[EXAMPLE_PAGES] = ["sidebar-nav-bs", "page-toc"]
 html_theme_options = {
@@ -149,7 +149,9 @@ html_theme_options = {
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
-    "secondary_sidebar_items": {"**": ["page-toc", "sourcelink"], EXAMPLE_PAGES: []},
+    # Only the reference pages keep the right-hand sidebar (a page matching no pattern has
+    # none): the landing page's cards and the example pages take its width.
+    "secondary_sidebar_items": {"docs/*": ["page-toc", "sourcelink"], "docs/index": []},
 }
 html_context = {"default_mode": "light"}
 html_show_sourcelink = False

@@ -62,12 +62,13 @@ assert copy.field("Input type")[:2] == ["c10::BFloat16", "float"]
 assert copy.field("Input Dims")[0] == [256, 512]
 
 # %%
-# The same call as an icicle chart: each op is a rectangle from its start to its end, under
-# the op that called it; the cast, and the ops it ran, are orange.
+# The same call as an icicle chart: each op is a rectangle under the op that called it, in
+# call order, as wide as the ops without children below it; the cast, and the ops it ran,
+# are orange.
 from mpguide import casts, plots
 
 report = casts.report(tree)
-fig = plots.icicle(matmul, report, title=f"one autocast matmul on {dev.type}")
+fig = plots.icicle(matmul, report, scale="ops", title=f"one autocast matmul on {dev.type}")
 ops_drawn = [p.get_gid() for p in fig.axes[0].patches]
 assert len(ops_drawn) == sum(1 for n in matmul.walk() if not n.is_gpu)
 
