@@ -18,6 +18,7 @@ _needed = {
     "myst_nb": "myst-nb",
     "pydata_sphinx_theme": "pydata-sphinx-theme",
     "sphinx_copybutton": "sphinx-copybutton",
+    "sphinx_design": "sphinx-design",
     "torch": "torch",
     "matplotlib": "matplotlib",
 }
@@ -46,6 +47,7 @@ extensions = [
     "sphinx.ext.extlinks",
     "sphinx.ext.viewcode",
     "sphinx_copybutton",
+    "sphinx_design",
     "sphinx_gallery.gen_gallery",
     "myst_nb",
 ]
@@ -137,13 +139,19 @@ html_css_files = ["mpguide.css"]
 html_sidebars = {
     f"docs/{page}": [] for page in ("install", "cli", "api", "benchmarks", "contributing")
 }
+# An example page's tables and trees need the width: its "on this page" list moves from the
+# right-hand sidebar (see html_theme_options) into the left one, under the chapters.
+EXAMPLE_PAGES = "docs/auto_examples/*/plot_*"
+html_sidebars[EXAMPLE_PAGES] = ["sidebar-nav-bs", "page-toc"]
 html_theme_options = {
     "navigation_depth": 2,
     "header_links_before_dropdown": 5,
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
-    "secondary_sidebar_items": ["page-toc", "sourcelink"],
+    # Only the reference pages keep the right-hand sidebar (a page matching no pattern has
+    # none): the landing page's cards and the example pages take its width.
+    "secondary_sidebar_items": {"docs/*": ["page-toc", "sourcelink"], "docs/index": []},
 }
 html_context = {"default_mode": "light"}
 html_show_sourcelink = False

@@ -98,11 +98,15 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def screenshots(session: nox.Session) -> None:
-    """Build the site, screenshot every page in headless Chromium into build/screenshots/, and
-    fail where a page is wider than its column (needs Debian's ``chromium``)."""
+    """Build the site and screenshot every page in headless Chromium; fail where a page is
+    wider than its column.
+
+    Screenshots go to build/screenshots/ at 1400 and 390 px, and in the dark theme at 1400 px
+    (needs Debian's ``chromium``)."""
     docs(session)
     session.install("playwright")
-    session.run("python", "docs/screenshots.py", str(BUILD / "html"), str(BUILD / "screenshots"))
+    shots = BUILD / "screenshots"
+    session.run("python", "docs/screenshots.py", str(BUILD / "html"), str(shots), "--dark")
 
 
 @nox.session(default=False)

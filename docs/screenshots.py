@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         "--widths", type=int, nargs="+", default=[1400, 390], help="viewport widths in pixels"
     )
     parser.add_argument(
+        "--dark",
+        action="store_true",
+        help="also screenshot every page in the dark theme, at the first width, into OUT/dark",
+    )
+    parser.add_argument(
         "--chromium",
         default=os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium",
         help="the Chromium executable (default: chromium on PATH)",
@@ -76,17 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
-        for width in args.widths:
+        passes = [(width, str(width), "light") for width in args.widths]
+        if args.dark:
+            passes.append((args.widths[0], "dark", "dark"))
+        for width, folder, mode in passes:
             page = browser.new_page(viewport={"width": width, "height": 900})
+            # The theme reads the reader's choice from localStorage before it paints.
+            page.add_init_script(f"localStorage.setItem('mode', '{mode}');")
             for i, path in enumerate(todo, 1):
                 rel = path.relative_to(args.site)
                 page.goto(path.resolve().as_uri())
                 wide, culprits = page.evaluate(_OVERFLOW)
-                shot = args.out / str(width) / rel.with_suffix(".png")
+                shot = args.out / folder / rel.with_suffix(".png")
                 shot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(shot), full_page=True)
                 print(
-                    f"[{width}px {i}/{len(todo)}] {rel}{'  TOO WIDE' if wide else ''}", flush=True
+                    f"[{folder} {width}px {i}/{len(todo)}] {rel}{'  TOO WIDE' if wide else ''}",
+                    flush=True,
                 )
                 if wide:
                     failures.append((width, rel, culprits))
@@ -95,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for width, rel, culprits in failures:
         what = ", ".join(f"{tag} by {px}px" for tag, px in culprits) or "the article itself"
         print(f"{rel} at {width}px: wider than its column ({what})", file=sys.stderr)
-    print(
-        f"{len(todo)} pages x {len(args.widths)} widths into {args.out}; {len(failures)} too wide"
-    )
+    print(f"{len(todo)} pages x {len(passes)} passes into {args.out}; {len(failures)} too wide")
     return 1 if failures else 0
 
 

@@ -2,10 +2,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
+import pytest
 import torch
 
-from mpguide import plots, policy
+from mpguide import MPGuideError, plots, policy
+from mpguide.table import Table
 
 
 def test_policy_map_colours_each_op_on_each_device():
@@ -26,12 +29,6 @@ def test_policy_map_colours_each_op_on_each_device():
 
 
 # -- dtype grids and strips, backend bars -----------------------------------------------------
-
-import matplotlib.colors as mcolors
-import pytest
-
-from mpguide import MPGuideError
-from mpguide.table import Table
 
 
 def _colours(patches):
@@ -199,4 +196,218 @@ def test_training_curves_draw_loss_and_lost_share_per_curve():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["float32", "bfloat16"]
     with pytest.raises(MPGuideError, match="at most 4 curves"):
         plots.training_curves({str(i): curves["float32"] for i in range(5)})
+
+
+def _hex(patch):
+    from matplotlib.colors import to_hex
+
+    return to_hex(patch.get_facecolor())
+
+
+def test_bit_layout_draws_one_box_per_bit_coloured_by_field():
+    from mpguide import formats
+
+    fmts = [formats.get(n) for n in ("float32", "bfloat16", "float16", "float8_e4m3fn")]
+    ax = plots.bit_layout(fmts).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f.name for f in fmts]
+    boxes = ax.patches
+    assert len(boxes) == 32 + 16 + 16 + 8
+    for field, colour in plots.FIELD_COLOURS.items():
+        mine = [b for b in boxes if b.get_gid() == field]
+        assert {_hex(b) for b in mine} == {colour}
+        assert len(mine) == sum(getattr(f, f"{field}_bits") for f in fmts)
+    # bf16's row: 1 sign box at x=0, exponent boxes at 1..8, mantissa boxes after them.
+    bf16_row = sorted((b.get_x(), b.get_gid()) for b in boxes if abs(b.get_y() - (1 - 0.35)) < 1e-9)
+    assert [g for _, g in bf16_row] == ["sign"] + ["exponent"] * 8 + ["mantissa"] * 7
+    assert ax.texts[1].get_text() == "1+8+7 bits, max 3.4e+38, eps 0.0078"
+    plt.close("all")
+
+
+def test_bars_groups_series_with_values_and_labels():
+    values = {"a": {"x": 1.0, "y": 3.0}, "b": {"x": 2.0}}
+    ax = plots.bars(values, xlabel="count", fmt="{:.1f}").axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
+    widths = [p.get_width() for p in ax.patches]
+    assert widths == [1.0, 2.0, 3.0]  # series x (a, b), then series y (a)
+    colours = [_hex(p) for p in ax.patches]
+    assert colours[0] == colours[1] != colours[2]
+    assert [t.get_text() for t in ax.texts] == ["1.0", "2.0", "3.0"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["x", "y"]
+    assert ax.get_xlabel() == "count" and ax.get_xscale() == "linear"
+    plt.close("all")
+
+
+def test_matmul_error_bars_one_bar_per_row_labelled_with_how():
+    from mpguide.numerics import EMULATED, HARDWARE, ErrorStats, MatmulErrors, MatmulRow
+
+    def row(mode, shape, how, rel):
+        return MatmulRow(mode, shape, how, ErrorStats(rel, rel, rel, 0.0), None)
+
+    result = MatmulErrors(
+        (
+            row("fp32", (2, 3, 4), HARDWARE, 1e-6),
+            row("tf32", (2, 3, 4), EMULATED, 1e-3),
+            row("fp32", (5, 6, 7), HARDWARE, 2e-6),
+            row("tf32", (5, 6, 7), EMULATED, 2e-3),
+        ),
+        "caption",
+    )
+    ax = plots.matmul_error_bars(result).axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["fp32 (hardware)", "tf32 (emulated)"]
+    assert [p.get_width() for p in ax.patches] == [1e-6, 1e-3, 2e-6, 2e-3]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["2 x 3 x 4", "5 x 6 x 7"]
+    assert ax.get_xscale() == "log"
+    plt.close("all")
+
+
+def test_switch_effects_colours_changed_cells():
+    from mpguide.switches import Effect
+
+    effects = [
+        Effect((("fp32_precision", "tf32"),), "cuda", (("matmul", 1e-3), ("conv2d", 0.0)), True),
+        Effect((("fp32_precision", "bf16"),), "cuda", (("matmul", 0.0), ("conv2d", 0.0)), True),
+    ]
+    ax = plots.switch_effects(effects).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["matmul", "conv2d"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [e.call for e in effects]
+    colours = [_hex(p) for p in ax.patches]
+    assert colours == [plots.CAST_COLOUR] + [plots.SAME_COLOUR] * 3
+    assert [t.get_text() for t in ax.texts] == ["differs by 0.001"] + ["bit-identical"] * 3
+    plt.close("all")
+
+
+def test_overflow_histogram_reddens_the_bins_past_the_limit():
+    values = [1.0, -2.0, 3.0, 9.0, -11.0, 12.0]
+    ax = plots.overflow_histogram(values, 8.0, label="|x|").axes[0]
+    red = [p for p in ax.patches if _hex(p) == plots.LOST_COLOUR]
+    assert sum(p.get_height() for p in ax.patches) == len(values)
+    assert sum(p.get_height() for p in red) == 3
+    assert all(p.get_x() >= 8.0 for p in red)
+    assert "3 of 6 past it" in ax.texts[0].get_text()
+    plt.close("all")
+
+
+def test_icicle_draws_every_cpu_op_and_colours_the_casts():
+    from pathlib import Path
+
+    from mpguide import casts, trace
+
+    tree = trace.load(Path(__file__).parent / "data" / "autocast_matmul.json.gz").tree()
+    report = casts.report(tree)
+    (root,) = tree.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+    nodes = [n for n in root.walk() if not n.is_gpu]
+    in_cast = {
+        str(m.id)
+        for c in report
+        for m in tree.node(c.id).walk()
+        if root in tree.node(c.id).ancestors()
+    }
+    assert in_cast
+    for scale in ("time", "ops"):
+        ax = plots.icicle(root, report, scale=scale).axes[0]
+        boxes = {p.get_gid(): p for p in ax.patches}
+        assert set(boxes) == {str(n.id) for n in nodes}
+        assert {g for g, p in boxes.items() if _hex(p) == plots.CAST_COLOUR} == in_cast
+        # Every op sits one row below its caller and inside it.
+        for n in nodes[1:]:
+            box, up = boxes[str(n.id)], boxes[str(n.parent.id)]
+            assert box.get_y() == up.get_y() + 1
+            assert (
+                up.get_x() - 1e-6
+                <= box.get_x()
+                <= box.get_x() + box.get_width()
+                <= (up.get_x() + up.get_width() + 1e-6)
+            )
+    # By ops, an op is as wide as the ops without children below it.
+    leaves = sum(1 for n in nodes if not [c for c in n.children if not c.is_gpu])
+    assert boxes[str(root.id)].get_width() == leaves
+    assert ax.texts[0].get_text() == root.name
+    with pytest.raises(ValueError, match="scale"):
+        plots.icicle(root, scale="bytes")
+    plt.close("all")
+
+
+def test_k_sweep_draws_each_curve_on_both_axes():
+    from mpguide.numerics import ErrorStats, KSweep, SweepRow
+
+    rows = tuple(
+        SweepRow(fmt, acc, k, ErrorStats(0.0, scale * k**0.5, scale * k, 0.0))
+        for k in (16, 64)
+        for fmt, acc, scale in (("float32", "fp32", 1e-7), ("float16", "float16", 1e-3))
+    )
+    fig = plots.k_sweep(KSweep(rows, "caption"))
+    ax_abs, ax_rel = fig.axes
+    for ax in (ax_abs, ax_rel):
+        assert ax.get_xscale() == ax.get_yscale() == "log"
+        assert len(ax.lines) == 3  # two curves and the sqrt(K) line
+        assert list(ax.lines[0].get_xdata()) == [16, 64]
+    assert list(ax_abs.lines[1].get_ydata()) == [1e-3 * 16, 1e-3 * 64]
+    assert list(ax_rel.lines[0].get_ydata()) == [1e-7 * 4, 1e-7 * 8]
+    assert ax_abs.lines[1].get_linestyle() == "--"  # accumulated in its own format
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == [
+        "float32 inputs, fp32 accumulation",
+        "float16 inputs, float16 accumulation",
+        "sqrt(K) growth",
+    ]
+    plt.close("all")
+
+
+def test_latency_error_places_each_variant_at_its_median_and_error():
+    from mpguide.inference import Result, Variant
+    from mpguide.timing import Latency
+
+    def result(name, error, times):
+        return Result(
+            Variant(name), torch.float32, error, error, 1.0, 0, 0, 0, Latency(name, times, "cpu")
+        )
+
+    first = [result("fp32", 0.0, (1e-3, 2e-3, 3e-3)), result("bf16", 0.5, (4e-3, 5e-3, 6e-3))]
+    ax = plots.latency_error([first, [result("compiled", 0.25, (1e-3,) * 3)]]).axes[0]
+    points = [(c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in ax.containers]
+    assert points == [(2.0, 0.0), (5.0, 0.5), (1.0, 0.25)]
+    assert [c.lines[0].get_marker() for c in ax.containers] == ["o", "o", "s"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fp32", "bf16", "compiled"]
+    assert ax.get_yscale() == "symlog" and ax.get_xscale() == "log"
+    plt.close("all")
+
+
+def test_cast_costs_stacks_directions_per_cause():
+    import json
+
+    from mpguide import casts, trace
+
+    def op(name, ts, dur, **args):
+        return {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": name,
+            "pid": 1,
+            "tid": 1,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
+
+    def cast(ts, dur, src, dst):
+        return op("aten::to", ts, dur, **{"Input type": [src], "Input Dims": [[4, 4]]}), op(
+            "aten::copy_", ts + 1, dur - 2, **{"Input type": [dst, src], "Input Dims": [[4, 4]] * 2}
+        )
+
+    events = [
+        op("aten::linear", 0, 100),
+        *cast(1, 30, "float", "c10::BFloat16"),
+        op("aten::layer_norm", 200, 100),
+        *cast(201, 10, "c10::BFloat16", "float"),
+        *cast(220, 20, "float", "c10::BFloat16"),
+    ]
+    report = casts.report(trace.parse(json.dumps({"traceEvents": events}).encode()).tree())
+    ax = plots.cast_costs(report).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["aten::linear", "aten::layer_norm"]
+    down, up = ax.containers
+    assert [p.get_width() for p in down] == [30, 20]
+    assert [p.get_width() for p in up] == [0, 10]
+    assert [p.get_x() for p in up] == [30, 20]
+    assert ax.get_xlabel() == "cast time (CPU op µs)"
     plt.close("all")

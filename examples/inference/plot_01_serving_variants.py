@@ -144,23 +144,12 @@ final
 # Each point is a variant: its median latency with a bar from the first to the third quartile,
 # and the largest error of its logits against fp32 (fp32 itself sits at zero). Circles come
 # from the first run, the square from the second run with the compiled variant.
-import matplotlib.pyplot as plt
+from mpguide import plots
 
-fig, ax = plt.subplots(figsize=(7, 4.5))
-points = [(r, "o") for r in first.results] + [(compiled, "s")]
-for r, marker in points:
-    q1, q3 = r.latency.quartiles
-    median = r.latency.median
-    ax.errorbar(median * 1e3, r.max_error, xerr=[[(median - q1) * 1e3], [(q3 - median) * 1e3]],
-                fmt=marker, capsize=3, label=r.name)
-nonzero = [r.max_error for r, _ in points if r.max_error > 0]
-ax.set_yscale("symlog", linthresh=min(nonzero) / 2)
-ax.set_xscale("log")
-ax.set_xlabel("median latency of a forward pass (ms, log scale)")
-ax.set_ylabel("max |logit error| against fp32")
-ax.set_title(f"{first.items} inputs per pass, {first.machine.caption()}", fontsize=9)
-ax.legend(fontsize=8)
-fig.tight_layout()
+fig = plots.latency_error(
+    [first.results, [compiled]], title=f"{first.items} inputs per pass, {first.machine.caption()}"
+)
+assert len(fig.axes[0].containers) == len(first.results) + 1
 
 # %%
 # A decision guide from these tables

@@ -60,6 +60,19 @@ assert fp16_row["inf scores"] > 0 and fp16_row["nan after softmax"] > 0
 assert bf16_row["inf scores"] == 0 and bf16_row["nan after softmax"] == 0
 
 # %%
+# Where the scores fall
+# ---------------------
+# The float32 scores, by magnitude, against fp16's largest finite value: the bins past the
+# line are the scores that fp16 turned into ``inf``, the diagonal sums of squares.
+from mpguide import plots
+
+fig = plots.overflow_histogram(
+    scores32.flatten().tolist(), fp16_max, label="|score| of q @ k.T in float32"
+)
+red = sum(p.get_height() for p in fig.axes[0].patches if p.get_x() >= fp16_max)
+assert red == fp16_row["inf scores"] == (scores32.abs() > fp16_max).sum().item()
+
+# %%
 # Scaling first keeps fp16 finite
 # -------------------------------
 # Dividing the queries by ``sqrt(d)`` before the matmul (what attention does) brings the

@@ -81,8 +81,8 @@ print(f"autocast peak / cast-model peak: "
 from mpguide import casts, profiling
 
 CALLS = 3
-per_call = casts.report(profiling.profile_fn(autocast_forward, wait=1, warmup=1,
-                                             active=CALLS).tree())
+calls_tree = profiling.profile_fn(autocast_forward, wait=1, warmup=1, active=CALLS).tree()
+per_call = casts.report(calls_tree)
 per_call.summary("pair")
 
 # %%
@@ -100,6 +100,19 @@ print(f"{len(per_call)} casts in {CALLS} calls, {weight_casts(per_call)} of them
 assert weight_casts(per_call) == CALLS * n_tensors
 assert {c.cause for c in per_call if c.shape in shapes} == {"aten::linear"}
 per_call.table()
+
+# %%
+# The three calls as an icicle chart: each rectangle is an op, nested under its caller, in
+# call order; an op's width is the number of ops without children below it, so the chart does
+# not depend on this machine's timings. The casts and the ops inside them are orange: each
+# call repeats the same casts before its matmuls.
+from mpguide import plots
+
+steps = calls_tree.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+fig = plots.icicle(steps, per_call, scale="ops", title=f"{CALLS} autocast calls on {dev.type}")
+cast_boxes = {p.get_gid() for p in fig.axes[0].patches if p.get_gid() in
+              {str(c.id) for c in per_call}}
+assert len(steps) == CALLS and len(cast_boxes) == len(per_call)
 
 # %%
 # Several calls in one autocast region

@@ -35,6 +35,20 @@ assert bf16.max > 1e38 and fp16.max < 7e4
 table
 
 # %%
+# The bit layouts
+# ---------------
+# The same layouts, one box per bit: exponent bits (blue) buy range, mantissa bits (green)
+# buy precision. bf16 is fp32 with its last 16 mantissa bits cut off; TF32 keeps 10 of them,
+# as many as fp16, whose exponent has only 5 bits.
+from mpguide import plots
+
+fig = plots.bit_layout(formats.formats())
+drawn = [p.get_gid() for p in fig.axes[0].patches]
+assert len(drawn) == sum(f.bits for f in formats.formats())
+assert drawn.count("exponent") == sum(f.exponent_bits for f in formats.formats())
+print(f"{len(formats.formats())} formats, {len(drawn)} bits drawn")
+
+# %%
 # Every limit, checked by casting
 # -------------------------------
 # For each torch dtype we cast on this device: ``1 + eps`` must survive and ``1 + eps/2``

@@ -61,6 +61,17 @@ for shape in shapes:
     )
 
 # %%
+# The errors side by side
+# -----------------------
+# The max error relative to the mean ``|result|`` of each mode, on a log axis, with how the
+# mode ran on this device; each bar is one shape. Every step down in mantissa bits moves a
+# bar right by about the factor asserted above.
+from mpguide import plots
+
+fig = plots.matmul_error_bars(result)
+assert len(fig.axes[0].patches) == len(result.rows)
+
+# %%
 # Switches that did nothing
 # -------------------------
 # The ``fp32_precision=...`` rows set the matmul switch of this device's backend to each value

@@ -14,10 +14,9 @@ a CPU build.
 # %%
 # Setup
 # -----
-import matplotlib.pyplot as plt
 import numpy as np
 
-from mpguide import device, numerics
+from mpguide import device, numerics, plots
 
 dev = device.pick()
 device.describe(dev)
@@ -45,36 +44,12 @@ def slope(values):
     return float(np.polyfit(np.log(ks), np.log(values), 1)[0])
 
 
-fig, (ax_abs, ax_rel) = plt.subplots(1, 2, figsize=(11, 5.5), layout="constrained")
-markers = {"float32": "o", "tf32": "D", "bfloat16": "s", "float16": "^"}
 slopes = {}
 for fmt, acc in sweep.curves():
     _, stats = sweep.series(fmt, acc)
-    rms, rel = [s.rms for s in stats], [s.max_rel for s in stats]
-    slopes[fmt, acc] = (slope(rms), slope(rel))
-    style = {
-        "linestyle": "-" if acc == "fp32" else "--",
-        "marker": markers[fmt],
-        "markersize": 9 if fmt == "tf32" else 6,
-        "markerfacecolor": "none" if fmt == "tf32" else None,
-        "label": f"{fmt} inputs, {acc} accumulation",
-    }
-    ax_abs.loglog(ks, rms, **style)
-    ax_rel.loglog(ks, rel, **style)
-anchors = (
-    (ax_abs, 10 * sweep.series("float32")[1][0].rms),
-    (ax_rel, sweep.series("float16", "float16")[1][0].max_rel),
-)
-for ax, anchor in anchors:
-    growth = [anchor * (k / ks[0]) ** 0.5 for k in ks]
-    ax.loglog(ks, growth, ":", color="gray", label="sqrt(K) growth" if ax is ax_abs else None)
-    ax.set_xlabel("reduction length K")
-    ax.grid(True, which="major", alpha=0.3)
-ax_abs.set_ylabel("RMS error")
-ax_rel.set_ylabel("max |error| / mean |result|")
-fig.legend(*ax_abs.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=9)
-fig.suptitle(sweep.caption)
-plt.show()
+    slopes[fmt, acc] = (slope([s.rms for s in stats]), slope([s.max_rel for s in stats]))
+fig = plots.k_sweep(sweep)
+assert len(fig.axes[0].lines) == len(sweep.curves()) + 1
 
 # %%
 # Growth exponents

@@ -189,6 +189,17 @@ Table(
 )
 
 # %%
+# The same verdicts as a map: a grey cell is a probe whose result stayed bit-identical to IEEE
+# fp32 under the setting, an orange one changed, labelled with its largest relative difference.
+from matplotlib.colors import to_hex
+
+from mpguide import plots
+
+fig = plots.switch_effects(effects)
+orange = [p for p in fig.axes[0].patches if to_hex(p.get_facecolor()) == plots.CAST_COLOUR]
+assert len(orange) == sum(len(e.changed) for e in effects)
+
+# %%
 # What we saw
 # -----------
 # - This torch starts with IEEE fp32 matmuls and TF32 cuDNN convolutions and RNNs.

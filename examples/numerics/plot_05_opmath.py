@@ -163,6 +163,22 @@ print(
 )
 
 # %%
+# How many elements each way of computing changes
+# -----------------------------------------------
+# Every op above, as the share of the elements that differ from the op itself: the
+# round-once emulation (float32 inside, one rounding) never differs; the same formula as a
+# chain of bf16 ops, each rounding its result, differs in the share shown.
+from mpguide import plots
+
+shares = {name: {"round-once emulation": 100 * count / N} for name, count in vs_emulation.items()}
+shares["silu(a)"]["chain of bf16 ops"] = 100 * silu_chain / N
+for name, (chain, emu) in counts.items():
+    shares[name] = {"round-once emulation": 100 * emu / N, "chain of bf16 ops": 100 * chain / N}
+fig = plots.bars(shares, xlabel=f"elements differing from the bf16 op (% of {N})", fmt="{:.1f}%")
+zero = [p for p in fig.axes[0].patches if p.get_width() == 0]
+assert len(zero) == len(vs_emulation) + len(counts)
+
+# %%
 # The float32 addcmul in the emulation is written out by hand here too, as
 # ``a + 0.5 * (b * c)`` in float32: with ``value=0.5`` (a power of two) the order of the
 # products cannot matter, and it matches as well.

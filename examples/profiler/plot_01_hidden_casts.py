@@ -62,6 +62,17 @@ assert copy.field("Input type")[:2] == ["c10::BFloat16", "float"]
 assert copy.field("Input Dims")[0] == [256, 512]
 
 # %%
+# The same call as an icicle chart: each op is a rectangle under the op that called it, in
+# call order, as wide as the ops without children below it; the cast, and the ops it ran,
+# are orange.
+from mpguide import casts, plots
+
+report = casts.report(tree)
+fig = plots.icicle(matmul, report, scale="ops", title=f"one autocast matmul on {dev.type}")
+ops_drawn = [p.get_gid() for p in fig.axes[0].patches]
+assert len(ops_drawn) == sum(1 for n in matmul.walk() if not n.is_gpu)
+
+# %%
 # On a GPU the same tree goes on below the CPU ops: each op's runtime launch, and under it
 # the kernel it started. The default rendering shows only the CPU side.
 if dev.type == "cuda":
@@ -71,11 +82,9 @@ if dev.type == "cuda":
 # %%
 # The cast report
 # ---------------
-# :func:`mpguide.casts.report` finds every conversion whose source and target dtypes differ,
-# and names the op that caused it: the nearest ancestor that is not itself a cast.
-from mpguide import casts
-
-report = casts.report(tree)
+# :func:`mpguide.casts.report`, which coloured the chart above, finds every conversion whose
+# source and target dtypes differ, and names the op that caused it: the nearest ancestor that
+# is not itself a cast.
 report.table()
 
 # %%

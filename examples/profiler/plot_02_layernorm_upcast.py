@@ -89,6 +89,18 @@ assert {c.cause for c in manual_report} == {"FP32LayerNorm"}
 assert all(c.shape == (512, 1024) and c.bytes_written == 512 * 1024 * 4 for c in ups)
 
 # %%
+# One of the five steps as an icicle chart, each op from its start to its end under its
+# caller: the two casts (orange) sit on either side of the norm, and their widths are this
+# machine's times.
+from mpguide import plots
+
+first_norm = manual.find("FP32LayerNorm")[0]
+fig = plots.icicle(first_norm, manual_report, title=f"one FP32LayerNorm call on {dev.type}")
+in_call = {str(n.id) for n in first_norm.walk()}
+orange = {c.id for c in manual_report if str(c.id) in in_call}
+assert len(orange) == 2
+
+# %%
 # The cost of the upcast against the norm
 # ---------------------------------------
 # The norm's own time is ``aten::layer_norm``; the casts are the ``aten::to`` calls beside

@@ -99,7 +99,7 @@ print(f"{len(linears)} Linear weights: each cast down in forward and its gradien
 # --------------------------------
 # The time is kernel time on a GPU and op time on the CPU; the bars split each cause into
 # down-casts and up-casts.
-import matplotlib.pyplot as plt
+from mpguide import plots
 
 on_gpu = dev.type == "cuda"
 
@@ -108,21 +108,8 @@ def cost(c):
     return c.gpu_us if on_gpu else c.cpu_us
 
 
-causes = sorted({c.cause for c in report}, key=lambda k: -sum(cost(c) for c in report
-                                                               if c.cause == k))
-fig, ax = plt.subplots(figsize=(8, 0.45 * len(causes) + 1.5))
-left = [0.0] * len(causes)
-for direction, colour in [("down-cast", "tab:blue"), ("up-cast", "tab:orange")]:
-    widths = [sum(cost(c) for c in report if c.cause == k and c.direction == direction)
-              for k in causes]
-    labels = [k.replace("autograd::engine::evaluate_function: ", "engine: ") for k in causes]
-    ax.barh(labels, widths, left=left, color=colour, label=direction)
-    left = [a + b for a, b in zip(left, widths, strict=True)]
-ax.invert_yaxis()
-ax.set_xlabel(f"cast time in the step ({'GPU kernel' if on_gpu else 'CPU op'} us)")
-ax.set_title(f"Casts of one training step, {device.describe(dev).caption()}", fontsize=10)
-ax.legend()
-fig.tight_layout()
+fig = plots.cast_costs(report, title=f"Casts of one training step, {device.describe(dev).caption()}")
+assert len(fig.axes[0].get_yticklabels()) == len({c.cause for c in report})
 
 # %%
 # Share of the step

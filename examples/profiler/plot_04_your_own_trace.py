@@ -50,13 +50,29 @@ recorded = profile_fn(step, path=path)
 print(f"wrote {path.name}: {path.stat().st_size / 1024:.1f} KiB, {len(recorded.events)} events")
 
 # %%
+# What is in it, as an icicle chart
+# ---------------------------------
+# The recorded step read back from the file: each op a rectangle under its caller, in call
+# order, the forward pass first and the backward pass after it; the width of an op is the
+# number of ops without children below it, so the shape does not depend on this machine's
+# timings. The casts found by :func:`mpguide.casts.report` are orange, with the ops they ran.
+from mpguide import casts, plots, trace
+
+mine = trace.load(path).tree()
+mine_casts = casts.report(mine)
+(profiled_step,) = mine.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+fig = plots.icicle(profiled_step, mine_casts, scale="ops",
+                   title=f"one autocast training step of the model on {dev.type}")
+drawn = {p.get_gid() for p in fig.axes[0].patches}
+assert {str(c.id) for c in mine_casts} <= drawn
+print(f"{len(drawn)} ops drawn, {len(mine_casts)} of them casts")
+
+# %%
 # Or with torch.profiler itself
 # -----------------------------
 # A trace from your own profiling code is read the same way. Record shapes: the dtypes and
 # shapes of the tree and of the cast report come from them.
 from torch.profiler import ProfilerActivity, profile
-
-from mpguide import casts, trace
 
 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
 with profile(activities=acts, record_shapes=True) as prof:
