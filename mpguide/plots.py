@@ -425,6 +425,7 @@ def training_curves(curves: Mapping[str, Curve], title: str = "") -> Figure:
         frameon=False,
     )
     _title(fig, title)
+    return fig
 
 
 # Figures of the numerics, inference and profiler chapters. One palette: a value that is lost
