@@ -601,11 +601,12 @@ def _ranks(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarra
     many of ``first`` are at or below each of ``second``: ``np.searchsorted`` both ways, by
     one stable sort that merges the two runs."""
     n = len(first)
-    order = np.argsort(np.concatenate((first, second)), kind="stable")
-    return (
-        np.flatnonzero(order < n) - np.arange(n),
-        np.flatnonzero(order >= n) - np.arange(len(second)),
-    )
+    from_first = np.argsort(np.concatenate((first, second)), kind="stable") < n
+    below = np.flatnonzero(from_first)
+    below -= np.arange(n)
+    at_or_below = np.flatnonzero(~from_first)
+    at_or_below -= np.arange(len(second))
+    return below, at_or_below
 
 
 def _group_ends(start: np.ndarray) -> np.ndarray:
@@ -627,25 +628,29 @@ def _nest_without_overlaps(
     level up.
     """
     m = len(start)
-    position = np.arange(m)
     # Earlier events ended by start[k]: all ends up to it, less the zero-length events at
     # start[k] sorted after k (they close the group of events with that start).
     zero_length = np.concatenate(([0], np.cumsum(start == end)))
     ends = np.sort(end)
     closer, ended = _ranks(ends, start)
+    # Events of positive length at whose end another starts (a zero-length event's end is
+    # its own start).
+    touching = int((start[np.minimum(closer, m - 1)] == ends).sum()) - int(zero_length[-1])
+    del ends, closer
+    position = np.arange(m)
     depth = position - ended + zero_length[_group_ends(start)] - zero_length[position]
+    del ended, zero_length
     # The events sorted by (depth, position) each look for the last event one level up
-    # before them.
+    # before them, in that order too (which numpy searches fastest).
     by_level = np.sort(depth * m + position)
+    del position
     above = np.empty(m, dtype=np.int64)
-    above[by_level % m] = by_level[np.maximum(_ranks(by_level - m, by_level)[0] - 1, 0)]
+    above[by_level % m] = by_level[np.maximum(np.searchsorted(by_level, by_level - m) - 1, 0)]
+    del by_level
     nested = depth > 0
     parent = np.where(nested, above % m, -1)
     if (above[nested] // m != depth[nested] - 1).any() or (end > end[parent])[nested].any():
         return None
-    # Events of positive length at whose end another starts (a zero-length event's end is
-    # its own start).
-    touching = int((start[np.minimum(closer, m - 1)] == ends).sum()) - int(zero_length[-1])
     identical = nested & (start == start[parent]) & (end == end[parent])
     return parent, depth, Counter(touching=touching, identical=int(identical.sum()))
 
