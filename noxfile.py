@@ -129,7 +129,8 @@ def record(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Time ``python -m mpguide casts`` on large synthetic traces beside ``json.load``; the
+    """Time ``python -m mpguide casts`` and ``tree`` on large synthetic traces beside the parse
+    limit (a typed msgspec decode of the same file), and profile casts phase by phase; the
     results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options)."""
     _install(session)
     session.run("python", "benchmarks/trace_casts.py", *session.posargs)
