@@ -111,8 +111,9 @@ def source_index(op: str) -> int | None:
 
 @dataclass(frozen=True)
 class Call:
-    """One op that reached the dispatcher: its tensor input dtypes, the ``dtype`` argument it was
-    given (``None`` when none), and its first output's dtype."""
+    """One op that reached the dispatcher: its tensor input dtypes (keyword tensors such as
+    ``out=`` last), the ``dtype`` argument it was given (``None`` when none), and its first
+    output's dtype."""
 
     op: str
     ins: tuple[torch.dtype, ...]
@@ -157,7 +158,7 @@ class Log(TorchDispatchMode):
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Keep one op that ran: ``func(*args, **kwargs)`` returned ``out``."""
-        ins = tuple(a.dtype for a in tree_leaves(args) if isinstance(a, torch.Tensor))
+        ins = tuple(a.dtype for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor))
         given = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.dtype)), None)
         outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
         self.calls.append(Call(str(func), ins, given, outs[0].dtype if outs else None))

@@ -63,3 +63,12 @@ def test_the_cast_report_counts_the_same_ops_as_the_log():
     packets = {c.rsplit(".", 1)[0] if c.count(".") == 2 else c for c in dtypes.CONVERSIONS}
     for op in casts.CAST_OPS:
         assert op.replace("::", ".") in packets, op
+
+
+def test_log_puts_keyword_tensors_such_as_out_last():
+    a, out = torch.ones(3, dtype=torch.bfloat16), torch.empty(3)
+    with dtypes.Log() as log:
+        torch.add(a, a, out=out)
+    (call,) = [c for c in log.calls if c.op.startswith("aten.add")]
+    assert call.ins == (torch.bfloat16, torch.bfloat16, torch.float32)
+    assert call.out == torch.float32

@@ -215,8 +215,8 @@ print("after a cast between forward and backward, a bf16 parameter holds a float
 # folder) runs on the CPU in every build. Two blocks of two ``Linear`` layers are sharded
 # with ``fully_shard`` and ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32,
 # output_dtype=...)``. A forward pre-hook records the weight each ``Linear`` sees, a
-# :class:`~torch.utils._python_dispatch.TorchDispatchMode` logs every op with its dtypes,
-# and the parameters and gradients are read after backward.
+# :class:`mpguide.dtypes.Log` (a dispatch mode) logs every op with its dtypes, ``out=``
+# tensors last among the inputs, and the parameters and gradients are read after backward.
 import os
 import tempfile
 from collections import Counter
@@ -224,8 +224,6 @@ from collections import Counter
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 
 class Block(torch.nn.Module):
@@ -236,21 +234,6 @@ class Block(torch.nn.Module):
 
     def forward(self, h):
         return self.fc2(torch.relu(self.fc1(h)))
-
-
-class DtypeLog(TorchDispatchMode):
-    """Each op's name, input dtypes (``out=`` included) and output dtypes."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        ins = [t.dtype for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outs = [t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.calls.append((str(func), ins, outs))
-        return out
 
 
 def sharded_model(output_dtype):
@@ -278,7 +261,7 @@ try:
             (type(mod.weight), mod.weight.dtype, args[0].dtype)
         )
     )
-    with DtypeLog() as log:
+    with dtypes.Log() as log:
         out = model(torch.randn(2, 8))
         out.sum().backward()
     grad = sharded.grad
@@ -300,15 +283,15 @@ try:
         type(grad),
         grad.to_local().dtype,
     )
-    reduce_inputs = [c for c in log.calls if c[0] == "fsdp.chunk_cat.default"]
-    ops = Counter(c[0] for c in log.calls)
+    reduce_inputs = [c for c in log.calls if c.op == "fsdp.chunk_cat.default"]
+    ops = Counter(c.op for c in log.calls)
     collectives = sorted(
         op for op in ops if "c10d" in op or "all_gather" in op or "reduce_scatter" in op
     )
     bf16_to_float32 = sum(
         1
         for c in log.calls
-        if c[0] == "aten._to_copy.default" and c[1] == [bf16] and c[2] == [torch.float32]
+        if c.op == "aten._to_copy.default" and c.conversion == (bf16, torch.float32)
     )
 
     default_out = sharded_model(None)(torch.randn(2, 8)).dtype
@@ -328,8 +311,8 @@ Table(
 # ``reduce_dtype`` (``fsdp.chunk_cat`` with bf16 inputs and a float32 ``out``). At world size
 # 1 no collective runs: the log holds no communication op, and the reduce-scatter becomes a
 # float32 copy.
-for name, seen, _ in reduce_inputs:
-    print(f"{name}: inputs {[dtypes.name(d) for d in seen]}")
+for call in reduce_inputs:
+    print(f"{call.op}: inputs {[dtypes.name(d) for d in call.ins]}")
 print(f"communication ops in the log: {collectives or 'none'}; {len(log.calls)} ops in all")
 
 # %%
@@ -338,8 +321,8 @@ assert eager_facts[2] == (torch.nn.Parameter, bf16, bf16)
 assert eager_facts[3] == torch.float32 and default_out == bf16
 assert eager_facts[4] is DTensor and eager_facts[5] == torch.float32
 assert len(reduce_inputs) == 2
-for _, seen, _ in reduce_inputs:
-    assert seen[:-1] == [bf16] * (len(seen) - 1) and seen[-1] == torch.float32
+for call in reduce_inputs:
+    assert call.ins[:-1] == (bf16,) * (len(call.ins) - 1) and call.ins[-1] == torch.float32
 assert collectives == []
 assert bf16_to_float32 >= 2
 print("float32 shards, bf16 forward, float32 reduction input and gradient, float32 output")
@@ -360,8 +343,8 @@ _ = plots.dtype_strips(
         "parameters and gradients": flow(
             ("shard", eager_facts[1]),
             ("in forward", eager_facts[2][1]),
-            ("gradient", reduce_inputs[0][1][0]),
-            ("reduce-scatter input", reduce_inputs[0][1][-1]),
+            ("gradient", reduce_inputs[0].ins[0]),
+            ("reduce-scatter input", reduce_inputs[0].ins[-1]),
             ("gradient shard", eager_facts[5]),
         ),
         "activations (output_dtype=float32)": flow(
