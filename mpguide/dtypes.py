@@ -30,7 +30,8 @@ ALIASES = {
 }
 """Other names readers type for a dtype, to its torch name."""
 
-_FLOATS = ("float64", "float32", "bfloat16", "float16")
+FLOATS = ("float64", "float32", "bfloat16", "float16")
+"""The floating dtypes readers choose among, by torch name."""
 
 SHORT = {
     torch.float64: "f64",
@@ -45,13 +46,14 @@ SHORT = {
     torch.bool: "b8",
 }
 """The graphs' short dtype names."""
+_FROM_SHORT = {s: str(d).removeprefix("torch.") for d, s in SHORT.items()}
 
 
 def canonical(text: str) -> str:
-    """The torch name for what a reader typed: ``'BF16'`` and ``'torch.bfloat16'`` ->
-    ``'bfloat16'``; a name that is no alias is returned lowercased."""
+    """The torch name for what a reader typed: ``'BF16'``, ``'f16'`` (the graphs' short name)
+    and ``'torch.bfloat16'`` -> the torch name; a name that is neither is returned lowercased."""
     key = text.lower().removeprefix("torch.")
-    return ALIASES.get(key, key)
+    return ALIASES.get(key) or _FROM_SHORT.get(key, key)
 
 
 def parse(text: str | torch.dtype) -> torch.dtype:
@@ -59,8 +61,8 @@ def parse(text: str | torch.dtype) -> torch.dtype:
     if isinstance(text, torch.dtype):
         return text
     key = canonical(text)
-    if key not in _FLOATS:
-        choices = sorted({*_FLOATS, *(a for a, n in ALIASES.items() if len(a) == 4)})
+    if key not in FLOATS:
+        choices = sorted({*FLOATS, *(a for a, n in ALIASES.items() if len(a) == 4)})
         raise MPGuideError(f"unknown dtype {text!r}; choose one of {', '.join(choices)}")
     return getattr(torch, key)
 

@@ -81,7 +81,6 @@ DTYPE_COLOURS = {
     "none": "#d9d9d9",
     "other": "#f2f2f2",
 }
-_FLOATS = ("float64", "float32", "bfloat16", "float16")
 _CONVERSION_EDGE = "#222222"
 
 
@@ -93,9 +92,8 @@ def dtype_key(value: Any) -> str:
     from mpguide.table import cell
 
     text = cell(value).strip()
-    word = text.split("[", 1)[0]
-    word = {s: dtypes.name(d) for d, s in dtypes.SHORT.items()}.get(word, dtypes.canonical(word))
-    if word in (*_FLOATS, "needs hardware", "none"):
+    word = dtypes.canonical(text.split("[", 1)[0])
+    if word in (*dtypes.FLOATS, "needs hardware", "none"):
         return word
     if not text or text == "-":
         return "none"
@@ -111,7 +109,11 @@ def _short(key: str) -> str | None:
     from mpguide import dtypes
 
     return (
-        dtypes.short(getattr(torch, key)) if key in _FLOATS else "error" if key == "error" else None
+        dtypes.short(getattr(torch, key))
+        if key in dtypes.FLOATS
+        else "error"
+        if key == "error"
+        else None
     )
 
 
@@ -204,6 +206,8 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from mpguide import dtypes
+
     # At least 12 slots, so that a short strip keeps small boxes; narrow, so that the labels
     # stay legible when a phone scales the figure down.
     n = max(12, *(len(boxes) for boxes in strips.values()))
@@ -226,7 +230,7 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
                     lw=2.2 if conversion else 0,
                 )
             )
-            if key in _FLOATS:
+            if key in dtypes.FLOATS:
                 ax.text(
                     x + 0.5,
                     0.5,
@@ -617,7 +621,7 @@ def icicle(
     from matplotlib.patches import Patch, Rectangle
 
     if scale not in ("time", "ops"):
-        raise ValueError(f"scale must be 'time' or 'ops', not {scale!r}")
+        raise MPGuideError(f"scale must be 'time' or 'ops', not {scale!r}")
     roots = list(roots) if isinstance(roots, list | tuple) else [roots]
     cast_ids = {c.id for c in report} if report is not None else set()
     # Depth first: (node, depth, inside a cast, index of the parent in ``drawn``).
