@@ -784,3 +784,15 @@ def cast_costs(report: CastReport, *, title: str = "") -> Figure:
         ax.set_title(title, fontsize=9, loc="left")
     ax.legend(fontsize=8, loc="lower right")
     return fig
+
+
+# --- Training chapter: loss scaling, optimizers, recipes ---
+
+
+# --- Training chapter: layers with state, recompute, communication ---
+
+
+# --- Your model: the per-module report ---
+
+
+# --- Real traces: casts by module, fused casts, ranks ---

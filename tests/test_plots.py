@@ -411,3 +411,15 @@ def test_cast_costs_stacks_directions_per_cause():
     assert [p.get_x() for p in up] == [30, 20]
     assert ax.get_xlabel() == "cast time (CPU op µs)"
     plt.close("all")
+
+
+# --- Training chapter: loss scaling, optimizers, recipes ---
+
+
+# --- Training chapter: layers with state, recompute, communication ---
+
+
+# --- Your model: the per-module report ---
+
+
+# --- Real traces: casts by module, fused casts, ranks ---

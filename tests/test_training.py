@@ -1,0 +1,6 @@
+"""Tests of mpguide.training."""
+
+# --- Loss scaling, optimizer precision, whole training loops ---
+
+
+# --- Layers with state, recompute, communication dtypes ---
