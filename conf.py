@@ -31,7 +31,7 @@ if _missing:
 import torch
 
 import mpguide
-from mpguide import device
+from mpguide import device, record
 
 _machine = device.describe()
 
@@ -105,7 +105,7 @@ sphinx_gallery_conf = {
     "min_reported_time": 1,
     "capture_repr": ("_repr_html_", "__repr__"),
     "matplotlib_animations": False,
-    "image_scrapers": ("matplotlib",),
+    "image_scrapers": ("sphinx_helpers.figures",),
     "write_computation_times": True,
 }
 
@@ -132,12 +132,14 @@ napoleon_google_docstring = True
 # HTML
 html_theme = "pydata_sphinx_theme"
 html_title = "mpguide"
+templates_path = ["docs/_templates"]
 html_static_path = ["docs/_static"]
 html_extra_path = ["docs/_extra"]
 html_css_files = ["mpguide.css"]
 # The pages outside the guide have no section navigation: their content takes its width.
 html_sidebars = {
-    f"docs/{page}": [] for page in ("install", "cli", "api", "benchmarks", "contributing")
+    f"docs/{page}": []
+    for page in ("install", "cli", "api", "benchmarks", "contributing", "publishing")
 }
 # An example page's tables and trees need the width: its "on this page" list moves from the
 # right-hand sidebar (see html_theme_options) into the left one, under the chapters.
@@ -149,11 +151,19 @@ html_theme_options = {
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
+    # What every page was computed on, stated once by the theme (docs/_templates).
+    "article_header_end": ["mpguide-provenance"],
     # Only the reference pages keep the right-hand sidebar (a page matching no pattern has
     # none): the landing page's cards and the example pages take its width.
     "secondary_sidebar_items": {"docs/*": ["page-toc", "sourcelink"], "docs/index": []},
 }
-html_context = {"default_mode": "light"}
+html_context = {
+    "default_mode": "light",
+    "mpguide_build": _machine.caption(),
+    "mpguide_simulated": ", ".join(t for t in device.simulated_types() if t != device.pick().type),
+    "mpguide_recorded": ", ".join(r.provenance.name for r in record.recordings())
+    or "none in this build",
+}
 html_show_sourcelink = False
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True

@@ -1,8 +1,10 @@
 """Screenshot every page of the built site in headless Chromium and check that nothing is wider
 than its column: ``nox -s screenshots`` (or ``python docs/screenshots.py build/html OUT``).
 
-A page fails at a width when its article is wider than the article's own box: some table, tree
-or figure sticks out instead of scrolling inside its own box. Exit status 1 lists them.
+A page fails at a width when its article is wider than the article's own box (some table, tree
+or figure sticks out instead of scrolling inside its own box), when a figure is shrunk below its
+drawn size on a phone-width screen (its labels would be illegible), or when a figure keeps its
+white background in the dark theme. Exit status 1 lists them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ _OVERFLOW = """() => {
   }
   return [article.scrollWidth > article.clientWidth + 1, out.slice(0, 3)];
 }"""
+
+
+# Figures that do not follow the page: shrunk on a narrow screen, or not darkened in dark mode.
+_FIGURES = """([narrow, dark]) => {
+  const bad = [];
+  for (const img of document.querySelectorAll('.bd-article .mpguide-figure img')) {
+    const name = img.getAttribute('src').split('/').pop();
+    if (narrow && img.naturalWidth && img.clientWidth < 0.95 * img.naturalWidth)
+      bad.push(`${name} shrunk to ${img.clientWidth} of ${img.naturalWidth}px`);
+    if (dark && getComputedStyle(img).filter === 'none') bad.push(`${name} not darkened`);
+  }
+  return bad;
+}"""
+NARROW = 720  # px: below this, figures keep their drawn size and scroll (docs/_static)
 
 
 def pages(root: Path) -> list[Path]:
@@ -78,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     todo = pages(args.site)
-    failures = []
+    failures, figure_failures = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
         passes = [(width, str(width), "light") for width in args.widths]
@@ -92,22 +108,31 @@ def main(argv: list[str] | None = None) -> int:
                 rel = path.relative_to(args.site)
                 page.goto(path.resolve().as_uri())
                 wide, culprits = page.evaluate(_OVERFLOW)
+                figures = page.evaluate(_FIGURES, [width < NARROW, mode == "dark"])
                 shot = args.out / folder / rel.with_suffix(".png")
                 shot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(shot), full_page=True)
                 print(
-                    f"[{folder} {width}px {i}/{len(todo)}] {rel}{'  TOO WIDE' if wide else ''}",
+                    f"[{folder} {width}px {i}/{len(todo)}] {rel}"
+                    f"{'  TOO WIDE' if wide else ''}{'  FIGURES' if figures else ''}",
                     flush=True,
                 )
                 if wide:
                     failures.append((width, rel, culprits))
+                if figures:
+                    figure_failures.append((folder, rel, figures))
             page.close()
         browser.close()
     for width, rel, culprits in failures:
         what = ", ".join(f"{tag} by {px}px" for tag, px in culprits) or "the article itself"
         print(f"{rel} at {width}px: wider than its column ({what})", file=sys.stderr)
-    print(f"{len(todo)} pages x {len(passes)} passes into {args.out}; {len(failures)} too wide")
-    return 1 if failures else 0
+    for folder, rel, figures in figure_failures:
+        print(f"{rel} ({folder}): {'; '.join(figures[:3])}", file=sys.stderr)
+    print(
+        f"{len(todo)} pages x {len(passes)} passes into {args.out}; {len(failures)} too wide, "
+        f"{len(figure_failures)} with figures that do not follow the page"
+    )
+    return 1 if failures or figure_failures else 0
 
 
 if __name__ == "__main__":

@@ -26,3 +26,18 @@ def reset_torch_state(gallery_conf, fname, when=None):
         warnings.filterwarnings(
             "ignore", r"`torch\.jit\.script_method` is deprecated", DeprecationWarning
         )
+
+
+def figures(block, block_vars, gallery_conf):
+    """sphinx-gallery's matplotlib scraper, each cell's figures in a ``mpguide-figure`` box.
+
+    The box lets the stylesheet keep a figure at its drawn size on a narrow screen (it scrolls
+    sideways there, so its labels stay legible) and follow the dark theme."""
+    import textwrap
+
+    from sphinx_gallery.scrapers import matplotlib_scraper
+
+    rst = matplotlib_scraper(block, block_vars, gallery_conf)
+    if not rst.strip():
+        return rst
+    return f"\n\n.. container:: mpguide-figure\n\n{textwrap.indent(rst.strip(), '   ')}\n\n"
