@@ -152,10 +152,11 @@ def gradients(
         raise MPGuideError("the model has no nn.Linear whose output gradients could be read")
     params = [p for p in model.parameters() if p.requires_grad]
     seen: list[torch.Tensor] = []
-    hooks = [
-        m.register_full_backward_hook(lambda _m, _gi, go: seen.append(go[0].detach()))
-        for m in linears
-    ]
+
+    def watch(_module, _inputs, out):  # the gradient of each output, as backward computes it
+        out.register_hook(seen.append)
+
+    hooks = [m.register_forward_hook(watch) for m in linears]
     try:
         with torch.autocast(inputs.device.type, dtype=dt or torch.bfloat16, enabled=dt is not None):
             logits = model(inputs)
@@ -871,7 +872,7 @@ def train(
     dev = _device.pick() if dev is None else _device.resolve(str(dev))
     loops = [_Loop(r, task.model(seed), dev, lr, seed) for r in recs]
     gen = torch.Generator(device=dev).manual_seed(seed)
-    held_x, held_y = task.batch(1024, torch.Generator(device=dev).manual_seed(seed + 2), True)
+    held_x, held_y = task.batch(512, torch.Generator(device=dev).manual_seed(seed + 2), True)
     evals: list[list[tuple[int, float]]] = [[(0, loop.evaluate(held_x, held_y))] for loop in loops]
     for step in range(steps):
         x, y = task.batch(batch, gen)
