@@ -201,7 +201,7 @@ assert torch.equal(unscaled, training.gradients(trained.model, x, y, FP16, SCALE
 
 before = [p.detach().clone() for p in params]
 scaler.step(opt)
-moved = sum(int((p.detach() != b).sum()) for p, b in zip(params, before))
+moved = sum(int((p.detach() != b).sum()) for p, b in zip(params, before, strict=True))
 stages.append(("scaler.step(opt)", scaler.get_scale(), f"{moved} of {unscaled.numel()} weights changed"))
 scaler.update()
 stages.append(("scaler.update()", scaler.get_scale(), "no inf or NaN: the scale stays until 2000 clean steps"))
@@ -354,7 +354,7 @@ def outcome(call):
         warnings.simplefilter("always")
         try:
             result = call()
-        except Exception as err:  # the table shows what was raised
+        except Exception as err:  # noqa: BLE001 - the table shows what was raised
             return error_line(err)
     if caught:
         return f"{caught[0].category.__name__}: {str(caught[0].message).splitlines()[0]}; {result}"

@@ -137,7 +137,7 @@ spacing = 2**-7
 print(f"float32: {exact:.6f}; nearest: {final['bf16, round to nearest'][0].item()}; "
       f"stochastic: mean {sr.mean().item():.6f}, from {sr.min().item()} to {sr.max().item()}; "
       f"Kahan: {final['bf16, Kahan summation'][0].item()}")
-assert 2 * UPDATE < spacing and abs(exact - (1 + STEPS * UPDATE)) < 1e-4
+assert spacing > 2 * UPDATE and abs(exact - (1 + STEPS * UPDATE)) < 1e-4
 assert (final["bf16, round to nearest"] == 1.0).all()
 assert abs(sr.mean().item() - exact) < 0.002 and sr.std().item() > spacing
 assert ((sr - 1) / spacing).frac().abs().max() == 0  # whole spacings
