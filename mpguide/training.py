@@ -457,7 +457,7 @@ def _state_dtypes(name: str, weights: torch.dtype, target: _device.Target) -> St
     cls, kwargs = OPTIMIZERS[name]
     try:
         with _device.tensors(target):
-            p = nn.Parameter(torch.ones(8, device=target.device, dtype=weights))
+            p = nn.Parameter(torch.ones(4, 8, device=target.device, dtype=weights))
             p.grad = torch.full_like(p, 0.1)
             opt = cls([p], **kwargs)
             opt.step()
@@ -472,8 +472,8 @@ def optimizer_states(
     weights: Sequence[torch.dtype | str] = ("float32", "bfloat16", "float16"),
     targets: Sequence[str] = ("cpu", "cuda"),
 ) -> OptimizerStates:
-    """Construct each optimizer of :data:`OPTIMIZERS` over one parameter of each weight dtype
-    on each device (live where present, else simulated on fake tensors), take one step, and
+    """Construct each optimizer of :data:`OPTIMIZERS` over one 4 x 8 parameter of each weight
+    dtype on each device (live where present, else simulated on fake tensors), take one step, and
     record the dtype and device of every state it keeps."""
     unknown = [o for o in optimizers if o not in OPTIMIZERS]
     if unknown:

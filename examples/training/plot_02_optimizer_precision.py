@@ -92,9 +92,10 @@ _ = plots.dtype_grid(table, title=f"optimizer states by weight dtype and device,
                                   f"{torch.__version__}")
 
 # %%
-# Every state that has the parameter's shape takes the parameter's dtype, on either device,
-# for the for-loop, foreach and fused implementations alike; ``step`` is a float32 scalar, on
-# the CPU unless the optimizer is fused. Autocast and master weights give the optimizer
+# Every state but ``step`` takes the parameter's dtype, on either device, for the for-loop,
+# foreach and fused implementations alike, and so do Adafactor's factored second moments
+# (``row_var`` and ``col_var``); ``step`` is a float32 scalar, on the CPU unless the optimizer
+# is fused. Autocast and master weights give the optimizer
 # float32 parameters, so their states are float32 (the runs below confirm it).
 for r in states.results:
     for name, dt, where in r.states:
@@ -106,6 +107,7 @@ for r in states.results:
     if r.how == device.LIVE:
         assert not r.error, r
 assert states.get("AdamW", "bf16", "cuda").dtype("exp_avg_sq") == BF16
+assert states.get("Adafactor", "bf16", "cpu").dtype("row_var") == BF16
 
 # %%
 # Three remedies on one weight
@@ -188,15 +190,16 @@ assert gap[pure.name] > 0.02 and gap[nearest.name] > 0.02
 for remedy in (master, sr_run, kahan):
     assert abs(gap[remedy.name]) < gap[pure.name] / 4, remedy.name
 assert late[pure.name] > 0.3 and late[nearest.name] > 0.3
-assert late[fp32.name] < 0.01 and late[master.name] < 0.01 and late[kahan.name] < 0.05
+assert late[fp32.name] < 0.01 and late[master.name] < 0.01 and late[kahan.name] < late[pure.name] / 10
 assert late_states[pure.name] > 0.3 and late_states[fp32.name] < 0.01
 assert late_states[kahan.name] > 0.3  # the moments stay bf16, rounded to nearest
 
 # %%
 # Stochastic rounding leaves about as many weights unchanged in a step as rounding to nearest,
 # yet ends near float32: the updates it does not take are made up, on average, by the ones it
-# rounds up to a whole spacing. Kahan keeps the dropped part and loses almost nothing; the
-# master copy loses no more than float32. None of the three fixes the second moment: its
+# rounds up to a whole spacing. Kahan keeps the dropped part and leaves fewer than a tenth as
+# many weights unchanged (its bf16 compensation drops the smallest updates late in the
+# schedule); the master copy loses no more than float32 does. None of the three fixes the second moment: its
 # decay is still lost in bf16, and here that cost little.
 #
 # What each setup keeps
