@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.text import Text
 
-    from mpguide import backends
+    from mpguide import backends, training
     from mpguide.autograd import DtypeLog
     from mpguide.calltree import Node
     from mpguide.casts import CastReport
@@ -787,6 +787,151 @@ def cast_costs(report: CastReport, *, title: str = "") -> Figure:
 
 
 # --- Training chapter: loss scaling, optimizers, recipes ---
+
+
+def magnitude_histogram(
+    series: Mapping[str, Sequence[float]], marks: Mapping[str, float], *, title: str = ""
+) -> Figure:
+    """A histogram of ``log2 |value|`` of the nonzero values of each series (one outline
+    each, in one set of bins), with a dashed line at each mark, labelled with its name; the
+    bins left of the smallest mark are shaded."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not series or len(series) > len(SERIES_COLOURS):
+        raise MPGuideError(f"need 1 to {len(SERIES_COLOURS)} series, got {len(series)}")
+    logs = {}
+    for label, values in series.items():
+        mags = np.abs(np.asarray(values, dtype=float))
+        if not (mags > 0).any():
+            raise MPGuideError(f"series {label!r} has no nonzero value")
+        logs[label] = np.log2(mags[mags > 0])
+    low = min(min(v.min() for v in logs.values()), *map(np.log2, marks.values()))
+    high = max(max(v.max() for v in logs.values()), *map(np.log2, marks.values()))
+    edges = np.arange(np.floor(low) - 1, np.ceil(high) + 2)
+    fig, ax = plt.subplots(figsize=(8.0, 3.8), layout="constrained")
+    for (label, values), colour in zip(logs.items(), SERIES_COLOURS, strict=False):
+        ax.hist(values, bins=edges, histtype="step", color=colour, linewidth=1.5, label=label)
+    if marks:
+        ax.axvspan(edges[0], np.log2(min(marks.values())), color=LOST_COLOUR, alpha=0.08)
+    for name, value in marks.items():
+        ax.axvline(np.log2(value), color=LOST_COLOUR, linestyle="--", linewidth=1)
+        ax.text(
+            np.log2(value),
+            0.97,
+            f" {name}",
+            transform=ax.get_xaxis_transform(),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color=LOST_COLOUR,
+        )
+    ax.set_xlabel("log2 |value|")
+    ax.set_ylabel("count")
+    ax.legend(fontsize=8, loc="upper left", frameon=False)
+    if title:
+        ax.set_title(title, fontsize=9, loc="left")
+    return fig
+
+
+def scale_trace(run: training.Run, *, title: str = "") -> Figure:
+    """The loss scale a GradScaler used at each step of a run (log2 axis), with the steps it
+    skipped, whose scaled gradients held an inf or NaN, marked in red."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not run.scales:
+        raise MPGuideError(f"the run {run.name!r} had no GradScaler")
+    steps = np.arange(len(run.scales))
+    logs = np.log2(run.scales)
+    fig, ax = plt.subplots(figsize=(8.0, 3.4), layout="constrained")
+    ax.step(steps, logs, where="post", color=SERIES_COLOURS[0], label="loss scale")
+    hit = [i for i, inf in enumerate(run.found_inf) if inf]
+    ax.scatter(
+        hit,
+        logs[hit],
+        marker="x",
+        color=LOST_COLOUR,
+        zorder=3,
+        label=f"inf/NaN in the scaled gradients: step skipped ({len(hit)})",
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel("log2 of the loss scale")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right", frameon=False)
+    _title(fig, title)
+    return fig
+
+
+def accumulation(histories: Mapping[str, Sequence[Sequence[float]]], *, title: str = "") -> Figure:
+    """The value of weights after each of a series of updates, one line per way of adding
+    them (the mean over the weights), with the range from the lowest to the highest weight
+    shaded where the weights differ."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not histories or len(histories) > len(SERIES_COLOURS):
+        raise MPGuideError(f"need 1 to {len(SERIES_COLOURS)} histories, got {len(histories)}")
+    fig, ax = plt.subplots(figsize=(8.0, 3.8), layout="constrained")
+    for (label, rows), colour in zip(histories.items(), SERIES_COLOURS, strict=False):
+        values = np.asarray(rows, dtype=float).reshape(len(rows), -1)
+        steps = np.arange(len(values))
+        ax.plot(steps, values.mean(axis=1), color=colour, label=label)
+        if (values.min(axis=1) != values.max(axis=1)).any():
+            ax.fill_between(
+                steps, values.min(axis=1), values.max(axis=1), color=colour, alpha=0.2, lw=0
+            )
+    ax.set_xlabel("updates added")
+    ax.set_ylabel("weight")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", frameon=False)
+    _title(fig, title)
+    return fig
+
+
+def training_runs(runs: training.Runs, *, unchanged: bool = False, title: str = "") -> Figure:
+    """The held-out loss of each run against the step, and its difference from the first
+    run's; with ``unchanged``, also the shares of weights and of ``exp_avg_sq`` entries with a
+    nonzero gradient that each step left as they were."""
+    import matplotlib.pyplot as plt
+
+    if len(runs.runs) > len(SERIES_COLOURS):
+        raise MPGuideError(f"at most {len(SERIES_COLOURS)} runs, got {len(runs.runs)}")
+    rows = 2 if unchanged else 1
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 3.4 * rows), layout="constrained")
+    axes = axes.flatten()
+    first = dict(runs.runs[0].evals)
+    styles = ("-", "--", "-.", ":", "-", "--")
+    for r, colour, style in zip(runs.runs, SERIES_COLOURS, styles, strict=False):
+        steps = [s for s, _ in r.evals]
+        line = {"color": colour, "linestyle": style, "label": r.name}
+        axes[0].plot(steps, [v for _, v in r.evals], **line)
+        axes[1].plot(steps, [v - first[s] for s, v in r.evals], **line)
+        if unchanged:
+            axes[2].plot(r.weights_unchanged, **line)
+            axes[3].plot(r.states_unchanged, **line)
+    labels = [
+        ("held-out loss", "cross-entropy"),
+        (f"held-out loss minus {runs.runs[0].name}'s", "difference"),
+        ("weights a step left unchanged", "share of weights with a gradient"),
+        ("exp_avg_sq entries a step left unchanged", "share of entries with a gradient"),
+    ]
+    for ax, (name, ylabel) in zip(axes, labels, strict=False):
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(True, alpha=0.3)
+    fig.legend(
+        handles=axes[0].get_lines(),
+        loc="outside lower center",
+        ncol=min(len(runs.runs), 3),
+        fontsize=8,
+        frameon=False,
+    )
+    _title(fig, title)
+    return fig
 
 
 # --- Training chapter: layers with state, recompute, communication ---

@@ -416,6 +416,100 @@ def test_cast_costs_stacks_directions_per_cause():
 # --- Training chapter: loss scaling, optimizers, recipes ---
 
 
+def _run(name, evals, scales=(), found_inf=(), unchanged=(0.0, 0.5)):
+    from torch import nn
+
+    from mpguide import timing, training
+
+    return training.Run(
+        recipe=training.Recipe(name),
+        losses=(1.0, 0.5),
+        evals=evals,
+        scales=scales,
+        found_inf=found_inf,
+        skipped=tuple(i for i, inf in enumerate(found_inf) if inf),
+        weights_unchanged=unchanged,
+        states_unchanged=tuple(1 - u for u in unchanged),
+        state_dtypes=(),
+        bytes_per_parameter=12.0,
+        latency=timing.Latency(name, (0.1, 0.2), "cpu"),
+        model=nn.Identity(),
+    )
+
+
+def test_magnitude_histogram_bins_log2_magnitudes_and_marks_limits():
+    import numpy as np
+
+    values = [2.0**-30, 2.0**-30, 2.0**-3, 0.0, -(2.0**-3)]
+    fig = plots.magnitude_histogram(
+        {"raw": values, "scaled": [v * 2**16 for v in values]},
+        {"tiny": 2.0**-24, "small": 2.0**-14},
+        title="t",
+    )
+    ax = fig.axes[0]
+    outlines = [p for p in ax.patches if p.get_label() in ("raw", "scaled")]
+    assert [p.get_label() for p in outlines] == ["raw", "scaled"]
+    raw_heights = outlines[0].get_xy()[:, 1]
+    assert sorted(set(np.round(raw_heights, 6))) == [0.0, 2.0]  # two values per occupied bin
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [-24.0, -14.0]
+    assert [t.get_text() for t in ax.texts] == [" tiny", " small"]
+    shade = [p for p in ax.patches if p not in outlines]
+    assert len(shade) == 1 and shade[0].get_x() + shade[0].get_width() == -24.0
+    with pytest.raises(MPGuideError, match="no nonzero value"):
+        plots.magnitude_histogram({"zero": [0.0]}, {})
+    with pytest.raises(MPGuideError, match="need 1 to 6 series"):
+        plots.magnitude_histogram({}, {})
+    plt.close("all")
+
+
+def test_scale_trace_draws_the_scale_and_marks_skipped_steps():
+    run = _run(
+        "fp16", ((0, 2.0),), scales=(8.0, 4.0, 4.0, 8.0), found_inf=(True, False, False, False)
+    )
+    ax = plots.scale_trace(run).axes[0]
+    (line,) = ax.get_lines()
+    assert list(line.get_ydata()) == [3.0, 2.0, 2.0, 3.0]
+    (marks,) = ax.collections
+    assert marks.get_offsets().tolist() == [[0.0, 3.0]]
+    assert ax.get_legend().get_texts()[1].get_text().endswith("skipped (1)")
+    with pytest.raises(MPGuideError, match="had no GradScaler"):
+        plots.scale_trace(_run("fp32", ((0, 2.0),)))
+    plt.close("all")
+
+
+def test_accumulation_draws_means_and_shades_spread():
+    histories = {"same": [[1.0, 1.0], [1.0, 1.0]], "spread": [[1.0, 1.0], [1.0, 3.0]]}
+    ax = plots.accumulation(histories).axes[0]
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[1.0, 1.0], [1.0, 2.0]]
+    assert len(ax.collections) == 1  # only the series whose weights differ
+    with pytest.raises(MPGuideError, match="need 1 to 6 histories"):
+        plots.accumulation({})
+    plt.close("all")
+
+
+def test_training_runs_draw_losses_differences_and_unchanged_shares():
+    from mpguide import device, training
+
+    runs = training.Runs(
+        (_run("a", ((0, 4.0), (10, 2.0))), _run("b", ((0, 4.0), (10, 2.5)), unchanged=(0.2, 0.9))),
+        "task",
+        device.describe("cpu"),
+    )
+    fig = plots.training_runs(runs, unchanged=True, title="t")
+    loss, diff, weights, states = fig.axes
+    assert [list(line.get_ydata()) for line in loss.get_lines()] == [[4.0, 2.0], [4.0, 2.5]]
+    assert [list(line.get_ydata()) for line in diff.get_lines()] == [[0.0, 0.0], [0.0, 0.5]]
+    assert list(weights.get_lines()[1].get_ydata()) == [0.2, 0.9]
+    assert [round(v, 6) for v in states.get_lines()[1].get_ydata()] == [0.8, 0.1]
+    assert diff.get_title() == "held-out loss minus a's"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a", "b"]
+    assert len(plots.training_runs(runs).axes) == 2
+    many = training.Runs(runs.runs * 4, "task", runs.machine)
+    with pytest.raises(MPGuideError, match="at most 6 runs"):
+        plots.training_runs(many)
+    plt.close("all")
+
+
 # --- Training chapter: layers with state, recompute, communication ---
 
 

@@ -1,6 +1,396 @@
 """Tests of mpguide.training."""
 
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mpguide import MPGuideError, device, training
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
 # --- Loss scaling, optimizer precision, whole training loops ---
+
+
+def test_landing_sorts_values_by_where_they_land():
+    values = torch.tensor([2.0**-30, 2.0**-20, 1.0, 1e5, 0.0, -(2.0**-20)])
+    plain = training.landing(values, "fp16")
+    assert (plain.values, plain.flushed, plain.subnormal, plain.normal, plain.overflow) == (
+        5,
+        1,
+        2,
+        1,
+        1,
+    )
+    assert plain.share("subnormal") == 2 / 5
+    scaled = training.landing(values, FP16, 2.0**16)
+    assert (scaled.flushed, scaled.subnormal, scaled.normal, scaled.overflow) == (0, 0, 3, 2)
+    bf16 = training.landing(values, BF16, 2.0**16)
+    assert bf16.normal == bf16.values == 5
+    table = training.landing_table([plain, scaled])
+    assert table.column("scale") == ["2**0", "2**16"]
+    assert table.column("flushed") == ["20.00%", "0.00%"]
+    assert "5 values x 1 in float16: 20.00% flushed" in repr(plain)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((torch.arange(3), "fp16"), "floating values"),
+        ((torch.ones(3), "fp16", 0.0), "positive finite"),
+        ((torch.ones(3), "fp16", math.inf), "positive finite"),
+        ((torch.ones(3), "int8"), "unknown dtype"),
+    ],
+)
+def test_landing_refuses_bad_input(args, message):
+    with pytest.raises(MPGuideError, match=message):
+        training.landing(*args)
+    with pytest.raises(MPGuideError, match="unknown outcome"):
+        training.landing(torch.ones(2), "bf16").share("lost")
+
+
+def _confident_classifier():
+    """A Linear whose class 0 wins by a margin of 20: the other classes' gradients are ~1e-10."""
+    model = nn.Sequential(nn.Linear(4, 50))
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.zero_()
+        model[0].bias[0] = 20.0
+    return (
+        model,
+        torch.randn(8, 4, generator=torch.Generator().manual_seed(0)),
+        torch.zeros(8, dtype=torch.long),
+    )
+
+
+def test_gradients_read_parameters_and_activations_and_fp16_flushes_them():
+    model, x, y = _confident_classifier()
+    ref = training.gradients(model, x, y)
+    loss = nn.functional.cross_entropy(model(x), y)
+    expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
+    assert torch.equal(ref.parameters, expected)
+    assert ref.activations.shape == (8 * 50,) and ref.activation_dtype == torch.float32
+    assert 0 < ref.activations[ref.activations != 0].abs().max() < 2**-24 * 2
+    assert all(p.grad is None for p in model.parameters())
+    assert not model[0]._forward_hooks
+
+    fp16 = training.gradients(model, x, y, "fp16")
+    assert fp16.activation_dtype == FP16
+    params_lost, acts_lost = fp16.flushed(ref)
+    assert acts_lost > 0.5 and params_lost > 0
+    scaled = training.gradients(model, x, y, "fp16", 2.0**16)
+    assert scaled.flushed(ref)[1] == 0.0 and scaled.scale == 2.0**16
+    assert training.gradients(model, x, y, "bf16").flushed(ref)[1] == 0.0
+    assert repr(scaled).startswith("autocast f16, loss x 65536: 250 parameter gradients")
+
+
+def test_gradients_refuse_bad_input():
+    model, x, y = _confident_classifier()
+    with pytest.raises(MPGuideError, match="positive finite"):
+        training.gradients(model, x, y, scale=-1.0)
+    with pytest.raises(MPGuideError, match="autocast takes"):
+        training.gradients(model, x, y, "float32")
+    with pytest.raises(MPGuideError, match=r"no nn\.Linear"):
+        training.gradients(nn.Sequential(nn.Identity()), x, y)
+    other = training.gradients(nn.Sequential(nn.Linear(4, 3)), x, y)
+    with pytest.raises(MPGuideError, match="another model"):
+        training.gradients(model, x, y).flushed(other)
+
+
+def test_scale_schedule_follows_the_rule_and_torch_gradscaler():
+    pattern = [True, True, False, False, False, True, False, False, False]
+    scales = training.scale_schedule(pattern, init_scale=8.0, growth_interval=2)
+    assert scales == (8.0, 4.0, 2.0, 2.0, 4.0, 4.0, 2.0, 2.0, 4.0)
+    p = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=2)
+    seen = []
+    for inf in pattern:
+        scaler.scale(p.sum()).backward()
+        if inf:
+            p.grad[0] = math.inf
+        seen.append(scaler.get_scale())
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert tuple(seen) == scales
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"init_scale": 0.0}, "init_scale > 0"),
+        ({"growth_factor": 1.0}, "growth_factor > 1"),
+        ({"backoff_factor": 1.0}, "backoff_factor < 1"),
+        ({"growth_interval": 0}, "growth_interval must be"),
+    ],
+)
+def test_scale_schedule_refuses_bad_settings(kwargs, message):
+    with pytest.raises(MPGuideError, match=message):
+        training.scale_schedule([False], **kwargs)
+
+
+def test_stochastic_round_picks_a_neighbour_with_the_right_odds():
+    exact = torch.tensor([1.0, -2.5, 0.0, 3.0e38]).to(BF16).float()
+    assert torch.equal(training.stochastic_round(exact).float(), exact)
+    special = torch.tensor([math.inf, -math.inf, math.nan])
+    out = training.stochastic_round(special).float()
+    assert out[0] == math.inf and out[1] == -math.inf and out[2].isnan()
+
+    gen = torch.Generator().manual_seed(0)
+    for sign in (1.0, -1.0):
+        x = torch.full((40000,), sign * (1 + 2**-9))  # a quarter of the way to the next bf16
+        r = training.stochastic_round(x, gen)
+        assert r.dtype == BF16
+        assert set(r.float().unique().tolist()) == {sign * 1.0, sign * (1 + 2**-7)}
+        up = ((r.float() - sign).abs() > 0).float().mean().item()
+        assert abs(up - 0.25) < 4 * math.sqrt(0.25 * 0.75 / x.numel())
+        assert abs(r.float().mean().item() - sign * (1 + 2**-9)) < 1e-4
+    same = [training.stochastic_round(x, torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(*same)
+    with pytest.raises(MPGuideError, match="needs a float32 tensor"):
+        training.stochastic_round(x.double())
+
+
+def test_kahan_add_keeps_what_rounding_dropped():
+    exact = 1 + 1000 * 1e-4
+    for comp_dtype, tolerance in ((torch.float32, 1e-5), (BF16, 5e-3)):
+        w, comp = torch.ones(3, dtype=BF16), torch.zeros(3, dtype=comp_dtype)
+        for _ in range(1000):
+            training.kahan_add_(w, comp, torch.full((3,), 1e-4))
+        # A bf16 compensation rounds too: it keeps most, not all, of what the weight dropped.
+        assert ((w.float() + comp.float()) - exact).abs().max() < tolerance
+        assert (w.float() - exact).abs().max() <= 2**-7
+    with pytest.raises(MPGuideError, match="compensation has shape"):
+        training.kahan_add_(w, torch.zeros(2, dtype=BF16), torch.ones(3))
+
+
+def test_rounded_add_and_accumulate():
+    w = torch.ones(4, dtype=BF16)
+    training.rounded_add_(w, torch.full((4,), 3e-3))
+    assert torch.equal(w, torch.full((4,), 1 + 3e-3).to(BF16))
+    with pytest.raises(MPGuideError, match="unknown rounding"):
+        training.rounded_add_(w, torch.ones(4), "down")
+    with pytest.raises(MPGuideError, match="needs a compensation"):
+        training.rounded_add_(w, torch.ones(4), "kahan")
+    with pytest.raises(MPGuideError, match="writes bfloat16 weights"):
+        training.rounded_add_(torch.ones(4, dtype=FP16), torch.ones(4), "stochastic")
+
+    start = torch.ones(64, dtype=BF16)
+    nearest = training.accumulate(start, 1e-4, 50)
+    assert nearest.shape == (51, 64) and nearest.dtype == torch.float32
+    assert (nearest == 1.0).all()
+    f32 = training.accumulate(start.float(), 1e-4, 50)
+    assert abs(f32[-1, 0].item() - 1.005) < 1e-6
+    sr = training.accumulate(start, 1e-4, 50, "stochastic", torch.Generator().manual_seed(0))
+    assert (sr[-1] > 1.0).any() and torch.equal(sr[0], start.float())
+    with pytest.raises(MPGuideError, match="steps must be"):
+        training.accumulate(start, 1e-4, 0)
+
+
+def _two_params(dtype):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        nn.Parameter(torch.randn(8, 4, generator=gen).to(dtype)),
+        nn.Parameter(torch.randn(4, generator=gen).to(dtype)),
+    ]
+
+
+def _step_both(opts, params_sets, steps=5):
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        grads = [torch.randn(p.shape, generator=gen) for p in params_sets[0]]
+        for opt, params in zip(opts, params_sets, strict=True):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.to(p.dtype)
+            opt.step()
+
+
+def test_rounded_adamw_is_torch_adamw_on_float32_weights():
+    ours, theirs = _two_params(torch.float32), _two_params(torch.float32)
+    opts = [
+        training.RoundedAdamW(ours, lr=1e-2, weight_decay=0.1),
+        torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, foreach=False),
+    ]
+    _step_both(opts, [ours, theirs])
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opts[0].state[a][key], opts[1].state[b][key])
+
+
+@pytest.mark.parametrize("rounding", training.ROUNDINGS)
+def test_rounded_adamw_keeps_bf16_weights_and_states(rounding):
+    gen = torch.Generator().manual_seed(2)
+    ours, ref = _two_params(BF16), _two_params(torch.float32)
+    opts = [
+        training.RoundedAdamW(ours, lr=1e-3, rounding=rounding, generator=gen),
+        torch.optim.AdamW(ref, lr=1e-3),
+    ]
+    _step_both(opts, [ours, ref], steps=3)
+    for p, r in zip(ours, ref, strict=True):
+        state = opts[0].state[p]
+        assert p.dtype == state["exp_avg"].dtype == state["exp_avg_sq"].dtype == BF16
+        assert ("compensation" in state) == (rounding == "kahan")
+        held = p.float() + (state["compensation"].float() if rounding == "kahan" else 0)
+        assert (held - r).abs().max() < 2**-6 * r.abs().max()
+
+
+def test_rounded_adamw_refuses_bad_input():
+    with pytest.raises(MPGuideError, match="unknown rounding"):
+        training.RoundedAdamW(_two_params(BF16), rounding="up")
+    with pytest.raises(MPGuideError, match="writes bfloat16 weights, not float32"):
+        training.RoundedAdamW(_two_params(torch.float32), rounding="stochastic")
+    with pytest.raises(MPGuideError, match="no closure"):
+        training.RoundedAdamW(_two_params(BF16)).step(lambda: 0.0)
+
+
+def test_optimizer_states_follow_the_weights_on_cpu_and_simulated_cuda():
+    states = training.optimizer_states(
+        ("AdamW", "SGD(momentum=0.9, fused=True)"), ("fp32", "bf16"), ("cpu", "cuda")
+    )
+    cpu = states.get("AdamW", "bf16", "cpu")
+    assert cpu.how == device.LIVE and cpu.dtype("exp_avg") == cpu.dtype("exp_avg_sq") == BF16
+    assert cpu.dtype("step") == torch.float32
+    assert (
+        states.get("SGD(momentum=0.9, fused=True)", "bf16", "cpu").dtype("momentum_buffer") == BF16
+    )
+    table = states.table()
+    assert table.columns[1:3] == (
+        "f32 weights, cpu (ran on hardware)",
+        "bf16 weights, cpu (ran on hardware)",
+    )
+    assert table.column("state") == [
+        "AdamW: step",
+        "AdamW: exp_avg",
+        "AdamW: exp_avg_sq",
+        "SGD(momentum=0.9, fused=True): momentum_buffer",
+    ]
+    if not torch.cuda.is_available():
+        cuda = states.get("AdamW", "fp32", "cuda")
+        assert cuda.how == device.SIMULATED and cuda.dtype("exp_avg") == torch.float32
+        sgd = states.get("SGD(momentum=0.9, fused=True)", "fp32", "cuda")
+        assert sgd.error and sgd.cell("momentum_buffer") == device.NEEDS_HARDWARE
+        with pytest.raises(MPGuideError, match="keeps no state"):
+            sgd.dtype("momentum_buffer")
+        assert table.column("f32 weights, cuda (simulated)")[-1] == device.NEEDS_HARDWARE
+    assert "AdamW: exp_avg_sq" in repr(states) and "<table" in states._repr_html_()
+    with pytest.raises(MPGuideError, match="no result for AdamW with float16"):
+        states.get("AdamW", "fp16", "cpu")
+    with pytest.raises(MPGuideError, match="unknown optimizer 'Lion'"):
+        training.optimizer_states(("Lion",))
+
+
+def test_char_task_batches_and_model():
+    task = training.char_task(context=4)
+    assert task.source == "torch/optim/optimizer.py" and len(task.vocab) > 40
+    x, y = task.batch(16, torch.Generator().manual_seed(0))
+    assert x.shape == (16, 4) and y.shape == (16,)
+    assert int(x.max()) < len(task.vocab)
+    # The windows are consecutive codes of the text.
+    split = len(task.codes) * 9 // 10
+    hx, hy = task.batch(16, torch.Generator().manual_seed(0), held_out=True)
+    text = "".join(task.vocab[i] for i in task.codes.tolist())
+    window = "".join(task.vocab[i] for i in [*hx[0].tolist(), hy[0].item()])
+    assert text.find(window, split) >= split
+    state = torch.random.get_rng_state()
+    a, b = task.model(seed=3), task.model(seed=3)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert a(x).shape == (16, len(task.vocab))
+    assert repr(task).startswith("next character of torch/optim/optimizer.py")
+    with pytest.raises(MPGuideError, match="context must be"):
+        training.char_task(0)
+    with pytest.raises(MPGuideError, match="at least one sample"):
+        task.batch(0, torch.Generator())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"update": "sgd"}, "unknown update"),
+        ({"update": "master"}, "for low-precision weights"),
+        ({"weights": FP16, "update": "stochastic"}, "stochastic rounding writes bfloat16"),
+        ({"init_scale": -1.0}, "init_scale must be"),
+        ({"weights": FP16, "init_scale": 2.0**16}, "cannot unscale"),
+        ({"growth_interval": 0}, "growth_interval must be"),
+    ],
+)
+def test_recipe_refuses_bad_settings(kwargs, message):
+    with pytest.raises(MPGuideError, match=message):
+        training.Recipe("x", **kwargs)
+
+
+def test_recipe_lookup_and_setup():
+    assert training.recipe("bf16") is training.RECIPES["bf16"]
+    assert training.recipe(training.RECIPES["fp32"]) is training.RECIPES["fp32"]
+    assert training.RECIPES["autocast-fp16"].setup == (
+        "f32 weights, autocast f16, AdamW, GradScaler from 2**16"
+    )
+    with pytest.raises(MPGuideError, match="unknown recipe 'fp8'"):
+        training.recipe("fp8")
+
+
+@pytest.fixture(scope="module")
+def runs():
+    overflowing = training.Recipe(
+        "fp16 from 2**24", autocast=FP16, init_scale=2.0**24, growth_interval=2
+    )
+    return training.train(
+        ["fp32", "bf16", "bf16-master", "bf16-kahan", overflowing],
+        training.char_task(),
+        steps=6,
+        batch=8,
+        eval_every=3,
+        dev="cpu",
+    )
+
+
+def test_train_runs_recipes_in_lockstep(runs):
+    fp32, bf16, master, kahan, fp16 = runs.runs
+    assert [s for s, _ in fp32.evals] == [0, 3, 6]
+    assert fp32.evals[0][1] == fp16.evals[0][1]  # same initial weights
+    assert abs(bf16.evals[0][1] - fp32.evals[0][1]) < 1e-2
+    assert len(fp32.losses) == len(fp32.latency.times) == 6 and fp32.scales == ()
+    assert fp16.scales == training.scale_schedule(fp16.found_inf, 2.0**24, 2)
+    assert fp16.skipped == tuple(i for i, inf in enumerate(fp16.found_inf) if inf)
+    assert fp16.found_inf[0] and fp16.skipped[0] == 0
+    assert (
+        dict(fp32.state_dtypes)["exp_avg"] == dict(master.state_dtypes)["exp_avg"] == torch.float32
+    )
+    assert dict(bf16.state_dtypes)["exp_avg_sq"] == dict(kahan.state_dtypes)["compensation"] == BF16
+    assert (fp32.bytes_per_parameter, bf16.bytes_per_parameter) == (12, 6)
+    assert (master.bytes_per_parameter, kahan.bytes_per_parameter) == (14, 8)
+    assert all(p.dtype == BF16 for p in bf16.model.parameters())
+    assert max(fp32.weights_unchanged) < 0.5
+
+
+def test_runs_table_and_lookup(runs):
+    assert runs["bf16"] is runs.runs[1] and runs["fp16 from 2**24"] is runs.runs[4]
+    table = runs.table()
+    assert table.column("recipe")[0] == "fp32" and table.column("vs fp32")[0] == "+0.0000"
+    assert table.column("time vs fp32")[0] == "1.00"
+    assert table.column("skipped steps")[-1] == len(runs.runs[4].skipped) > 0
+    assert "6 steps each" in table.caption and "pure bf16: 6 steps" in repr(runs.runs[1])
+    assert "<table" in runs._repr_html_()
+    with pytest.raises(MPGuideError, match="no run of 'bf16-stochastic'"):
+        runs["bf16-stochastic"]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ([], {}, "no recipe"),
+        (["fp32"], {"steps": 0}, "at least 1"),
+        (["fp32"], {"lr": -1.0}, "learning rate"),
+        (["fp64"], {}, "unknown recipe"),
+        (["fp32"], {"dev": "tpu"}, "unknown device"),
+    ],
+)
+def test_train_refuses_bad_input(args, kwargs, message):
+    with pytest.raises(MPGuideError, match=message):
+        training.train(args, steps=kwargs.pop("steps", 1), **kwargs)
 
 
 # --- Layers with state, recompute, communication dtypes ---
