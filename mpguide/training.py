@@ -461,17 +461,23 @@ def process_group(rank: int = 0, world_size: int = 1, store: str | None = None) 
             folder.cleanup()
 
 
-COMM_SETUPS = (
-    "DDP",
-    "DDP, fp16_compress_hook",
-    "DDP, bf16_compress_hook",
-    "FSDP2",
-    "FSDP2, param bf16, reduce float32",
-    "FSDP2, param bf16, reduce bf16",
-)
+_DDP_HOOKS = {
+    "DDP": None,
+    "DDP, fp16_compress_hook": "fp16_compress_hook",
+    "DDP, bf16_compress_hook": "bf16_compress_hook",
+}
+_BF16, _FP32 = torch.bfloat16, torch.float32
+# The param_dtype, reduce_dtype and output_dtype of each FSDP2 setup's MixedPrecisionPolicy.
+_FSDP2_POLICIES = {
+    "FSDP2": (None, None, None),
+    "FSDP2, param bf16, reduce float32": (_BF16, _FP32, None),
+    "FSDP2, param bf16, reduce bf16": (_BF16, _BF16, None),
+    "FSDP2, param bf16, reduce float32, output float32": (_BF16, _FP32, _FP32),
+}
+COMM_SETUPS = (*_DDP_HOOKS, *_FSDP2_POLICIES)
 """What :func:`communication` runs: DDP without a comm hook and with the built-in hooks that
-compress gradients to fp16 and bf16; FSDP2 without a mixed-precision policy and with
-``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=...)``."""
+compress gradients to fp16 and bf16 (``default_hooks``); FSDP2 without a mixed-precision
+policy and with ``MixedPrecisionPolicy(param_dtype, reduce_dtype, output_dtype)`` as named."""
 
 
 @dataclass(frozen=True)
@@ -540,9 +546,10 @@ class CommRun:
 @dataclass(frozen=True)
 class Communication:
     """:class:`CommRun` of each setup and loss scale, in a world of ``world_size`` processes
-    on gloo, CPU."""
+    on gloo, CPU, training a model of ``parameters`` parameters."""
 
     world_size: int
+    parameters: int
     runs: tuple[CommRun, ...]
 
     def get(self, setup: str, scale: float = 1.0) -> CommRun:
@@ -571,7 +578,8 @@ class Communication:
                 "note",
             ),
             tuple(r.row() for r in self.runs),
-            f"one training step, world of {self.world_size} processes on gloo, cpu, "
+            f"one training step of {self.parameters} parameters, world of {self.world_size} "
+            f"processes on gloo, cpu, "
             f"torch {torch.__version__}; errors are max |error| / mean |reference| of the "
             f"reduced gradient against the mean of the ranks' own gradients (communication) "
             f"and of their float64 gradients",
@@ -620,23 +628,18 @@ def _wrap(setup: str, model: nn.Module) -> tuple[nn.Module, str]:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    if setup.startswith("DDP"):
+    if setup in _DDP_HOOKS:
         ddp = DistributedDataParallel(model)
-        note = ""
-        if setup.endswith("fp16_compress_hook"):
-            ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
-        elif setup.endswith("bf16_compress_hook"):
+        hook, note = _DDP_HOOKS[setup], ""
+        if hook is not None:
             try:
-                ddp.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
+                ddp.register_comm_hook(dist.group.WORLD, getattr(default_hooks, hook))
             except TypeError as err:
                 note = f"registered under another name; DDP refused it: {err}"
                 ddp.register_comm_hook(dist.group.WORLD, _bf16_hook)
         return ddp, note
-    reduce = {"FSDP2": None, "float32": torch.float32, "bf16": torch.bfloat16}
-    policy = MixedPrecisionPolicy(
-        param_dtype=None if setup == "FSDP2" else torch.bfloat16,
-        reduce_dtype=reduce[setup.rsplit(" ", 1)[-1]],
-    )
+    param, reduce, output = _FSDP2_POLICIES[setup]
+    policy = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce, output_dtype=output)
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mp_policy=policy)
@@ -649,9 +652,9 @@ def _comm_step(setup: str, scale: float, rank: int) -> dict:
 
     gen = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(32, 16, generator=gen)
-    # The rank's own gradient, computed as the setup computes it (bf16 where its policy says
-    # so) but not communicated; and in float64.
-    own_dtype = torch.bfloat16 if "param bf16" in setup else torch.float32
+    # The rank's own gradient, computed in the dtype the setup computes in but not
+    # communicated; and in float64.
+    own_dtype = _FSDP2_POLICIES.get(setup, (None,))[0] or torch.float32
     own = _comm_model().to(own_dtype)
     exact = _comm_model().double()
     for local, inputs in ((own, x.to(own_dtype)), (exact, x.double())):
@@ -679,85 +682,51 @@ def _comm_step(setup: str, scale: float, rank: int) -> dict:
     }
 
 
-def _rank(rank: str, world_size: str, store: str, scales: str, out: str) -> None:
-    """One worker process of :func:`communication` (started with its arguments as text):
-    every setup and scale, saved to ``out``."""
+def _rank(rank: str, world_size: str, store: str, plan: str, out: str) -> None:
+    """One worker process of :func:`communication`, started with its arguments as text: runs
+    each ``[setup, scale]`` of the JSON ``plan`` and saves the results to ``out``."""
     torch.set_num_threads(1)
-    results = []
     with process_group(int(rank), int(world_size), store):
-        for setup in COMM_SETUPS:
-            for scale in json.loads(scales):
-                results.append(_comm_step(setup, scale, int(rank)))
+        results = [_comm_step(setup, scale, int(rank)) for setup, scale in json.loads(plan)]
     torch.save(results, out)
 
 
 def communication(
-    world_size: int = 2, scales: Sequence[float] = (1.0, 1e-7), timeout: float = 180.0
+    world_size: int = 2,
+    setups: Sequence[str] = COMM_SETUPS,
+    scales: Sequence[float] = (1.0, 1e-7),
+    timeout: float = 180.0,
 ) -> Communication:
-    """One training step of each setup of :data:`COMM_SETUPS` for each loss scale, in
+    """One training step of each of ``setups`` (of :data:`COMM_SETUPS`) at each loss scale, in
     ``world_size`` worker processes on the CPU, gloo, meeting in a file store: what each
     hands to the collectives (logged by :class:`~mpguide.autograd.DtypeLog`), and the
     reduced gradient against the ranks' own and float64 gradients (see :class:`CommRun`).
-    Each rank trains the same small MLP on its own batch. The workers are killed if they outlast
-    ``timeout`` seconds."""
+    Each rank trains the same small MLP on its own batch. Workers still running after
+    ``timeout`` seconds are killed."""
     if not 1 <= world_size <= 8:
         raise MPGuideError(f"world_size must be 1 to 8, got {world_size}")
+    unknown = [x for x in setups if x not in COMM_SETUPS]
+    if unknown or not setups:
+        raise MPGuideError(
+            f"unknown setup {unknown[0] if unknown else None!r}; choose among "
+            f"{', '.join(COMM_SETUPS)}"
+        )
     scales = [float(s) for s in scales]
     if not scales or not all(math.isfinite(s) and s > 0 for s in scales):
         raise MPGuideError(f"scales must be positive finite numbers, got {scales}")
     if not timeout > 0:
         raise MPGuideError(f"timeout must be positive, got {timeout}")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
-    }
-    code = "import sys; from mpguide.training import _rank; _rank(*sys.argv[1:])"
-    with tempfile.TemporaryDirectory() as folder:
-        store = os.path.join(folder, "store")
-        outs = [os.path.join(folder, f"rank{r}.pt") for r in range(world_size)]
-        logs = [os.path.join(folder, f"rank{r}.log") for r in range(world_size)]
-        procs: list[subprocess.Popen] = []
-        try:
-            for r in range(world_size):
-                with open(logs[r], "w") as err:
-                    cmd = [
-                        sys.executable,
-                        "-c",
-                        code,
-                        str(r),
-                        str(world_size),
-                        store,
-                        json.dumps(scales),
-                        outs[r],
-                    ]
-                    procs.append(
-                        subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-                    )
-            for p in procs:
-                p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the workers did not finish in {timeout:g} s") from None
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        for r, p in enumerate(procs):
-            if p.returncode != 0:
-                with open(logs[r]) as err:
-                    lines = [line for line in err.read().splitlines() if line.strip()]
-                raise RuntimeError(f"rank {r} failed: {lines[-1] if lines else p.returncode}")
-        results = [torch.load(o, weights_only=True) for o in outs]
+    plan = [(setup, scale) for setup in setups for scale in scales]
+    results = _run_ranks(world_size, json.dumps(plan), timeout)
     runs = []
-    for i, first in enumerate(results[0]):
-        mine = [res[i] for res in results]
+    for (setup, scale), *mine in zip(plan, *results, strict=True):
+        first = mine[0]
         own = torch.stack([m["own"] for m in mine]).mean(0)
         exact = torch.stack([m["exact"] for m in mine]).mean(0)
         runs.append(
             CommRun(
-                setup=COMM_SETUPS[i // len(scales)],
-                scale=scales[i % len(scales)],
+                setup=setup,
+                scale=scale,
                 collectives=tuple(
                     Collective(op, getattr(torch, dt), n) for op, dt, n in first["collectives"]
                 ),
@@ -770,4 +739,46 @@ def communication(
                 note=first["note"],
             )
         )
-    return Communication(world_size, tuple(runs))
+    parameters = sum(p.numel() for p in _comm_model().parameters())
+    return Communication(world_size, parameters, tuple(runs))
+
+
+def _run_ranks(world_size: int, plan: str, timeout: float) -> list[list[dict]]:
+    """Start one :func:`_rank` process per rank, wait for all of them (killing those left
+    after ``timeout`` seconds, or all of them when this process is interrupted) and read
+    their results; a rank that failed raises ``RuntimeError`` with its last error line."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+    code = "import sys; from mpguide.training import _rank; _rank(*sys.argv[1:])"
+    with tempfile.TemporaryDirectory() as folder:
+        store = os.path.join(folder, "store")
+        outs = [os.path.join(folder, f"rank{r}.pt") for r in range(world_size)]
+        logs = [os.path.join(folder, f"rank{r}.log") for r in range(world_size)]
+        procs: list[subprocess.Popen] = []
+        try:
+            for r in range(world_size):
+                args = [str(r), str(world_size), store, plan, outs[r]]
+                with open(logs[r], "w") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-c", code, *args],
+                            env={**os.environ, "PYTHONPATH": path},
+                            stdout=subprocess.DEVNULL,
+                            stderr=err,
+                        )
+                    )
+            for p in procs:
+                p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the ranks did not finish in {timeout:g} s") from None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for r, p in enumerate(procs):
+            if p.returncode != 0:
+                with open(logs[r]) as err:
+                    lines = [line for line in err.read().splitlines() if line.strip()]
+                raise RuntimeError(f"rank {r} failed: {lines[-1] if lines else p.returncode}")
+        return [torch.load(o, weights_only=True) for o in outs]

@@ -269,7 +269,7 @@ Table(
 
 # %%
 # The key was bf16 already; query, value and mask are the three float32 inputs autocast cast.
-for where, (t, run) in attended.items():
+for where, (_, run) in attended.items():
     assert run.out == bf16, where
     assert run.casts[:3] == ((torch.float32, bf16),) * 3, where
 cpu_kernel = next(c for c in attended["cpu"][1].calls if "attention" in c.op)

@@ -1,6 +1,6 @@
 """
-Recompute and no-grad paths: checkpoints, the cast cache, custom functions, accumulation
-========================================================================================
+Recompute and no-grad paths in a training step
+==============================================
 
 Parts of a training step run outside the forward pass that autocast wrapped: a checkpoint
 recomputes its forward during backward, an evaluation runs under ``no_grad`` inside the
