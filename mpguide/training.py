@@ -780,5 +780,7 @@ def _run_ranks(world_size: int, plan: str, timeout: float) -> list[list[dict]]:
             if p.returncode != 0:
                 with open(logs[r]) as err:
                     lines = [line for line in err.read().splitlines() if line.strip()]
-                raise RuntimeError(f"rank {r} failed: {lines[-1] if lines else p.returncode}")
+                # torch.distributed prefixes a rank's traceback lines with "[rankN]: ".
+                last = lines[-1].removeprefix(f"[rank{r}]: ") if lines else p.returncode
+                raise RuntimeError(f"rank {r} failed: {last}")
         return [torch.load(o, weights_only=True) for o in outs]
