@@ -28,7 +28,7 @@ from mpguide.table import Table
 
 # --- Layers with state, recompute, communication dtypes (training pages 03, 04, 05) ---
 #
-# - what each normalization layer computes on and keeps under autocast, per device
+# - the dtypes each normalization layer takes, returns and keeps under autocast, per device
 #   (:func:`norms`), and the running mean a BatchNorm keeps in each buffer dtype
 #   (:func:`running_means`);
 # - the error of a gradient summed from many contributions in one dtype (a :class:`Sweep`): an
@@ -73,9 +73,10 @@ def _casts_text(casts: Sequence[tuple[torch.dtype, torch.dtype]]) -> str:
 @dataclass(frozen=True)
 class NormRun:
     """One normalization layer with float32 parameters, called under autocast on one device
-    on activations in the autocast dtype (what a matmul under autocast hands it): the dtype
-    its statistics were computed on, its output's, its running statistics' (``None``: it
-    keeps none), every cast inside the call, and the warning or error it raised."""
+    on activations in the autocast dtype (what a matmul under autocast hands it): the dtype of
+    the input the op computing its statistics takes (``computes``; a kernel may accumulate in
+    a wider type inside, which no log sees), its output's, its running statistics' (``None``:
+    it keeps none), every cast inside the call, and the warning or error it raised."""
 
     layer: str
     device: str
@@ -121,7 +122,7 @@ class Norms:
                 "layer",
                 "device",
                 "input",
-                "statistics computed on",
+                "statistics op takes",
                 "output",
                 "running statistics",
                 "casts in the call",

@@ -4,8 +4,8 @@ Layers with state or masks: norms, embeddings, attention
 
 Which layers of a model do not follow autocast's rules, and what do they keep between steps?
 We call each normalization layer under bf16 autocast on the CPU and on CUDA (simulated from
-this build's dispatch rules where there is no GPU) and read the dtype its statistics are
-computed on, returned and stored; train BatchNorms whose buffers are float32, bf16 and fp16;
+this build's dispatch rules where there is no GPU) and read the dtype its statistics op
+takes, the dtype it returns and the dtype it stores; train BatchNorms whose buffers are float32, bf16 and fp16;
 send an fp16 overflow into a norm; sum an embedding row's gradient in each table dtype; and
 pass attention masks of each kind through ``scaled_dot_product_attention`` under autocast.
 The answer: BatchNorm has no autocast rule on either device and keeps float32 running
@@ -31,14 +31,15 @@ device.describe(dev)
 bf16, fp16 = torch.bfloat16, torch.float16
 
 # %%
-# What a norm computes on, returns and keeps
-# ------------------------------------------
+# What a norm takes, returns and keeps
+# ------------------------------------
 # :func:`mpguide.training.norms` builds each layer with float32 parameters (as a model under
 # autocast has them), hands it the bf16 activations a matmul under autocast returns, and calls
-# it under bf16 autocast, with :class:`mpguide.dtypes.Log` recording every op. "Statistics
-# computed on" is the input of the op that computes the mean and variance (the fused kernel,
-# or the mean of squares where RMSNorm decomposes); "running statistics" is what a BatchNorm
-# stores between steps. CUDA runs live on a GPU machine, else on fake tensors under CUDA's
+# it under bf16 autocast, with :class:`mpguide.dtypes.Log` recording every op. "Statistics op
+# takes" is the dtype of the input of the op that computes the mean and variance (the fused
+# kernel, or the mean of squares where RMSNorm decomposes; a fused kernel may accumulate in
+# float32 inside, which no log sees); "running statistics" is what a BatchNorm stores
+# between steps. CUDA runs live on a GPU machine, else on fake tensors under CUDA's
 # autocast.
 norms = training.norms(bf16, devices=("cpu", "cuda"))
 norms
@@ -74,7 +75,7 @@ from mpguide import plots
 
 places = {"cpu": device.LIVE, "cuda": cuda_how}
 columns = [f"{what}, {device.label(d, how)}" for d, how in places.items()
-           for what in ("computes", "returns", "keeps")]
+           for what in ("takes", "returns", "keeps")]
 rows = []
 for layer in training.NORMS:
     cells = []
@@ -325,10 +326,10 @@ assert {padded_row["bool", dt] for dt in (None, bf16, fp16)} == {"zeros"}
 # %%
 # What we saw
 # -----------
-# - BatchNorm has no autocast rule on the CPU or CUDA: it computes on the bf16 input with
+# - BatchNorm has no autocast rule on the CPU or CUDA: its kernel takes the bf16 input with
 #   float32 weights, returns bf16 and keeps float32 running statistics. LayerNorm, GroupNorm
-#   and RMSNorm compute in float32 and return float32 under CUDA's autocast, and stay in bf16
-#   under the CPU's, where RMSNorm warns and decomposes into float32 ops.
+#   and RMSNorm take and return float32 under CUDA's autocast, and stay in bf16 under the
+#   CPU's, where RMSNorm warns and decomposes into float32 ops.
 # - With bf16 buffers (a model cast with ``.to``), a BatchNorm's running mean stops short of
 #   the mean it is fed, by more than two bf16 spacings; fp16 buffers stop closer, float32
 #   buffers track it.

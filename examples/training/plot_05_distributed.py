@@ -9,8 +9,8 @@ several ``MixedPrecisionPolicy`` settings. A dispatch-mode log records the dtype
 every tensor handed to a collective, and each rank's own gradients give the references: the
 mean of what the ranks computed (what communication alone changed) and the float64 gradient.
 The answer: the hooks halve the bytes and leave float32 gradients on the parameters; fp16
-compression is accurate to about a thousandth but flushes small gradients to zero, bf16 keeps
-them at a coarser precision; FSDP2 all-gathers parameters in ``param_dtype`` and
+compression is the more precise for gradients of ordinary size but flushes small ones to
+zero, where bf16 keeps them at its coarser precision; FSDP2 all-gathers parameters in ``param_dtype`` and
 reduce-scatters gradients in ``reduce_dtype`` (a float32 reduction of bf16 gradients is
 exact), keeps float32 gradient shards, and returns the output in ``output_dtype``.
 """
