@@ -937,6 +937,122 @@ def training_runs(runs: training.Runs, *, unchanged: bool = False, title: str = 
 # --- Training chapter: layers with state, recompute, communication ---
 
 
+def running_means(result: training.RunningMeans, *, title: str = "") -> Figure:
+    """The running mean a BatchNorm kept after each step, one line per buffer dtype coloured
+    as that dtype, the mean it was fed dashed, and a dot where each line stopped moving."""
+    import matplotlib.pyplot as plt
+
+    from mpguide import dtypes
+
+    fig, ax = plt.subplots(figsize=(8.0, 3.8), layout="constrained")
+    for dt in result.buffers:
+        values = result.trace(dt)
+        colour = DTYPE_COLOURS.get(dtypes.name(dt), SERIES_COLOURS[-1])
+        ax.plot(range(1, len(values) + 1), values, color=colour, label=f"{dtypes.name(dt)} buffers")
+        settled = result.settled_at(dt)
+        if settled is not None:
+            ax.plot(settled + 1, values[settled], "o", color=colour)
+            ax.annotate(
+                f"stops {result.gap(dt):.3g} below",
+                (settled + 1, values[settled]),
+                textcoords="offset points",
+                xytext=(4, -12),
+                fontsize=8,
+                color=colour,
+            )
+    ax.axhline(result.mean, color="gray", linestyle="--", linewidth=1, label="mean of every batch")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("running mean")
+    ax.set_ylim(result.mean - 4 * max(map(result.gap, result.buffers)), result.mean * 1.01)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right", frameon=False)
+    _title(fig, title)
+    return fig
+
+
+def sum_errors(sweep: training.Sweep, *, title: str = "") -> Figure:
+    """The error of a summed gradient against the count of contributions (log axis), one line
+    per way of summing; the error axis is linear near zero, where exact sums sit."""
+    import matplotlib.pyplot as plt
+
+    if len(sweep.ways) > len(SERIES_COLOURS):
+        raise MPGuideError(f"at most {len(SERIES_COLOURS)} ways, got {len(sweep.ways)}")
+    fig, ax = plt.subplots(figsize=(8.0, 3.8), layout="constrained")
+    markers = "os^vDx"
+    for way, colour, marker in zip(sweep.ways, SERIES_COLOURS, markers, strict=False):
+        ax.plot(sweep.counts, sweep.errors(way), marker=marker, color=colour, label=way)
+    nonzero = [e for way in sweep.ways for e in sweep.errors(way) if e > 0]
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=min(nonzero, default=1.0) / 2)
+    ax.set_xlabel(sweep.counted)
+    ax.set_ylabel("max |error| / mean |float64 sum|")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", frameon=False)
+    _title(fig, title or sweep.what)
+    return fig
+
+
+def communication_costs(result: training.Communication, *, title: str = "") -> Figure:
+    """Per setup of a :class:`~mpguide.training.Communication`: the bytes handed to the
+    collectives in one step, split by dtype and coloured as the dtype (left), and the
+    error communication added to the gradient at each loss scale (right, log axis, ``0``
+    written where it added none)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from mpguide import dtypes
+
+    setups = list(dict.fromkeys(r.setup for r in result.runs))
+    scales = result.scales
+    if len(scales) > len(SERIES_COLOURS):
+        raise MPGuideError(f"at most {len(SERIES_COLOURS)} scales, got {len(scales)}")
+    fig, (ax_bytes, ax_err) = plt.subplots(
+        1, 2, figsize=(10.0, 0.45 * len(setups) + 1.8), layout="constrained", sharey=True
+    )
+    used = []
+    for y, setup in enumerate(setups):
+        left = 0
+        run = result.get(setup, scales[0])
+        for dt in run.comm_dtypes:
+            width = sum(c.nbytes for c in run.collectives if c.dtype == dt)
+            key = dtypes.name(dt)
+            used.append(key)
+            ax_bytes.barh(y, width, left=left, color=DTYPE_COLOURS.get(key, "#999999"))
+            left += width
+        ax_bytes.text(left, y, f" {left}", va="center", fontsize=8)
+    height = 0.8 / len(scales)
+    nonzero = [r.comm_error.max_rel for r in result.runs if r.comm_error.max_rel > 0]
+    floor = min(nonzero, default=1.0) / 10
+    for s, (scale, colour) in enumerate(zip(scales, SERIES_COLOURS, strict=False)):
+        ys = [y - 0.4 + height * (s + 0.5) for y in range(len(setups))]
+        values = [result.get(setup, scale).comm_error.max_rel for setup in setups]
+        drawn = ax_err.barh(
+            ys,
+            [max(v - floor, 0.0) for v in values],
+            height=height * 0.9,
+            left=floor,
+            color=colour,
+            label=f"loss x {scale:g}",
+        )
+        ax_err.bar_label(drawn, [f"{v:.2g}" for v in values], padding=3, fontsize=7)
+    ax_err.set_xscale("log")
+    ax_err.margins(x=0.2)
+    ax_bytes.set_yticks(range(len(setups)), setups, fontsize=8)
+    ax_bytes.set_ylim(len(setups) - 0.5, -0.5)
+    ax_bytes.set_xlabel("bytes handed to collectives in one step")
+    ax_bytes.margins(x=0.25)
+    ax_err.set_xlabel("error communication added (max |error| / mean |ref|)")
+    for ax in (ax_bytes, ax_err):
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.tick_params(labelsize=8)
+        ax.xaxis.label.set_fontsize(8)
+    handles = [Patch(color=DTYPE_COLOURS[k], label=k) for k in DTYPE_COLOURS if k in used]
+    ax_bytes.legend(handles=handles, fontsize=8, loc="lower right", frameon=False)
+    ax_err.legend(fontsize=8, loc="lower right", frameon=False)
+    _title(fig, title)
+    return fig
+
+
 # --- Your model: the per-module report ---
 
 

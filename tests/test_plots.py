@@ -513,6 +513,99 @@ def test_training_runs_draw_losses_differences_and_unchanged_shares():
 # --- Training chapter: layers with state, recompute, communication ---
 
 
+def test_running_means_draws_a_line_per_buffer_dtype_and_marks_where_it_stopped():
+    from mpguide import training
+
+    bf16 = torch.bfloat16
+    means = training.RunningMeans(
+        3.0, 0.1, "cpu", ((torch.float32, (1.0, 2.0, 2.9, 2.99)), (bf16, (1.0, 2.0, 2.5, 2.5)))
+    )
+    fig = plots.running_means(means, title="means")
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    for dt, name in ((torch.float32, "float32"), (bf16, "bfloat16")):
+        line = lines[f"{name} buffers"]
+        assert list(line.get_ydata()) == list(means.trace(dt))
+        assert list(line.get_xdata()) == [1, 2, 3, 4]
+        assert mcolors.to_hex(line.get_color()) == plots.DTYPE_COLOURS[name]
+    (dot,) = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert (list(dot.get_xdata()), list(dot.get_ydata())) == ([3], [2.5])
+    assert [t.get_text() for t in ax.texts] == ["stops 0.5 below"]
+    assert list(lines["mean of every batch"].get_ydata()) == [3.0, 3.0]
+    assert fig.get_suptitle() == "means"
+    plt.close("all")
+
+
+def _stats(*values):
+    from mpguide.numerics import ErrorStats
+
+    return tuple(ErrorStats(v, v, v, 0.0) for v in values)
+
+
+def test_sum_errors_draws_each_way_against_the_count():
+    from mpguide import training
+
+    sweep = training.Sweep(
+        "a sum", "terms", (1, 4, 16), ("exact", "rounded"), (_stats(0, 0, 0), _stats(0, 0.1, 0.3))
+    )
+    fig = plots.sum_errors(sweep)
+    (ax,) = fig.axes
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[1, 4, 16]] * 2
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[0, 0, 0], [0, 0.1, 0.3]]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["exact", "rounded"]
+    assert (ax.get_xscale(), ax.get_yscale(), ax.get_xlabel()) == ("log", "symlog", "terms")
+    assert fig.get_suptitle() == "a sum"
+    many = training.Sweep("x", "n", (1,), tuple("abcdefg"), tuple(_stats(0) for _ in range(7)))
+    with pytest.raises(MPGuideError, match="at most 6 ways, got 7"):
+        plots.sum_errors(many)
+    plt.close("all")
+
+
+def test_communication_costs_split_bytes_by_dtype_and_write_each_error():
+    from mpguide import training
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    gather, scatter = "c10d._allgather_base_", "c10d._reduce_scatter_base_"
+
+    def run(setup, scale, collectives, error):
+        return training.CommRun(
+            setup, scale, collectives, f32, bf16, _stats(error)[0], _stats(error)[0], 0.0, True
+        )
+
+    sharded = (
+        training.Collective(gather, bf16, 100),
+        training.Collective(scatter, f32, 300),
+        training.Collective(gather, bf16, 100),
+    )
+    plain = (training.Collective("c10d.allreduce_", f32, 400),)
+    comm = training.Communication(
+        2,
+        100,
+        (
+            run("DDP", 1.0, plain, 1e-7),
+            run("DDP", 0.5, plain, 2e-7),
+            run("FSDP2", 1.0, sharded, 0.0),
+            run("FSDP2", 0.5, sharded, 0.0),
+        ),
+    )
+    fig = plots.communication_costs(comm, title="comm")
+    left, right = fig.axes
+    assert [t.get_text() for t in left.get_yticklabels()] == ["DDP", "FSDP2"]
+    bars = [(p.get_y() + p.get_height() / 2, p.get_x(), p.get_width()) for p in left.patches]
+    assert bars == [(0, 0, 400), (1, 0, 200), (1, 200, 300)]
+    assert _colours(left.patches) == [
+        plots.DTYPE_COLOURS[k] for k in ("float32", "bfloat16", "float32")
+    ]
+    assert [t.get_text() for t in left.texts] == [" 400", " 500"]
+    assert [t.get_text() for t in right.texts] == ["1e-07", "0", "2e-07", "0"]
+    assert [t.get_text() for t in right.get_legend().get_texts()] == ["loss x 1", "loss x 0.5"]
+    assert right.get_xscale() == "log"
+    scales = tuple(run("DDP", 2.0**-i, plain, 0.0) for i in range(7))
+    with pytest.raises(MPGuideError, match="at most 6 scales, got 7"):
+        plots.communication_costs(training.Communication(2, 100, scales))
+    plt.close("all")
+
+
 # --- Your model: the per-module report ---
 
 
