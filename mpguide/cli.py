@@ -214,7 +214,7 @@ def _model(args: argparse.Namespace) -> str:
         )
     table = report.table(limit=args.limit or None)
     if args.format == "csv":
-        for note in table.notes:
+        for note in (table.caption, *table.notes):
             print(f"mpguide: note: {note}", file=sys.stderr)
     return table.render("table" if args.format == "text" else args.format)
 

@@ -440,7 +440,7 @@ class Report:
         """Sentences on what the report found: the first non-finite value, the first jump in
         error, where the reference itself ran narrower than float64."""
         if self.simulated:
-            return ["simulated: no kernels ran, so dtypes, ops and casts only, no errors"]
+            return [f"simulated ({self.how}): dtypes, ops and casts only, no errors"]
         out = []
         bad = self.first_nonfinite
         if bad is not None:
