@@ -497,6 +497,33 @@ class Report:
         return self.table().to_html()
 
 
+def differences(a: Report, b: Report) -> Table:
+    """The module calls whose input or output dtypes, ops or autocast casts differ between two
+    reports of one model (on two devices, say), matched by name and call; a call only one
+    report has is listed with blanks for the other."""
+    labels = [f"{_device.label(r.target.device.type, r.how)} {r.run}" for r in (a, b)]
+    if labels[0] == labels[1]:
+        labels = [f"{lab} ({i})" for i, lab in enumerate(labels, 1)]
+
+    def cells(c: ModuleCall | None) -> tuple:
+        if c is None:
+            return (None,) * 4
+        return _short(c.inputs), _short(c.outputs), c.ops, c.autocast_casts
+
+    mine, theirs = ({c.key: c for c in r.calls} for r in (a, b))
+    rows = []
+    for key in dict.fromkeys([*mine, *theirs]):
+        here, there = cells(mine.get(key)), cells(theirs.get(key))
+        if here != there:
+            label = (mine.get(key) or theirs[key]).label
+            rows.append((label, *here, *there))
+    columns = ("module", *(f"{k}, {lab}" for lab in labels for k in _COMPARED))
+    return Table(columns, tuple(rows), f"module calls that differ: {labels[0]} and {labels[1]}")
+
+
+_COMPARED = ("in", "out", "ops", "autocast casts")
+
+
 def _short(dts: tuple[torch.dtype, ...]) -> str:
     return "+".join(dtypes.short(d) for d in dts)
 

@@ -842,7 +842,8 @@ def module_errors(reports: Mapping[str, ModuleReport], *, title: str = "") -> Fi
                 fontsize=8,
                 color=LOST_COLOUR,
             )
-    handles.append(Line2D([], [], color=LOST_COLOUR, marker="x", ls="none", label="inf or NaN"))
+    if any(c.nonfinite for r in reports.values() for c in r.calls):
+        handles.append(Line2D([], [], color=LOST_COLOUR, marker="x", ls="none", label="inf or NaN"))
     ax.set_yscale("symlog", linthresh=min(positive, default=1.0) / 2)
     ax.set_ylim(0, top * 6)
     ax.set_xticks(range(len(keys)), [c.label for c in calls], rotation=90, fontsize=7)

@@ -451,6 +451,8 @@ def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
     assert [t.get_text() for t in ax.texts] == ["fp16: first inf/NaN in 1"]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["fp16", "bf16", "inf or NaN"]
     assert ax.get_yscale() == "symlog"
+    legend = plots.module_errors({"bf16": bf16}).legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["bf16"]
     simulated = modules.report(model, x, device="cuda", simulate=True)
     with pytest.raises(MPGuideError, match="'sim' is simulated"):
         plots.module_errors({"sim": simulated})
