@@ -87,13 +87,17 @@ class ModuleCall:
     def label(self) -> str:
         """The qualified name (``(root)`` for the model itself), with the call when not the
         first (``layers.0.mlp, call 2``)."""
-        name = self.name or "(root)"
-        return name if self.index == 0 else f"{name}, call {self.index + 1}"
+        return _label(self.key)
 
     @property
     def nonfinite(self) -> int | None:
         """Infinities and NaNs returned where the reference is finite (``None``: unknown)."""
         return None if self.inf is None else self.inf + (self.nan or 0)
+
+
+def _label(key: Key) -> str:
+    name, index = key
+    return (name or "(root)") + (f", call {index + 1}" if index else "")
 
 
 def _floats(value: Any) -> list[torch.Tensor]:
@@ -311,6 +315,10 @@ class _Outputs:
     def on_output(self, seen: _Seen, value: Any) -> None:
         self.outputs[seen.key] = [self._keep(t) for t in _floats(value)]
 
+    def close(self) -> None:
+        """The run is over: each kept value is held only until it is compared."""
+        self._kept.clear()
+
 
 @dataclass
 class _Numbers:
@@ -360,11 +368,6 @@ class _Compare:
         n.beyond_range = int((finite & (r.abs() > self.largest)).sum())
 
 
-def _added(run: Counter, plain: Counter | None) -> int | None:
-    """How many of ``run``'s conversions the plain run does not make (``None``: unknown)."""
-    return None if plain is None else sum((run - plain).values())
-
-
 @dataclass(frozen=True)
 class Report:
     """Every module call of one model run, in call order, with its dtypes, casts and error."""
@@ -376,7 +379,7 @@ class Report:
     dtype: torch.dtype | None
     backward: bool
     machine: _device.Machine
-    narrowed: tuple[str, ...] = ()
+    narrowed: tuple[Key, ...] = ()
     notes: tuple[str, ...] = ()
 
     @property
@@ -459,9 +462,10 @@ class Report:
         else:
             out.append(f"no module's error grew {JUMP:g} times or more from input to output")
         if self.narrowed:
+            names = [_label(key) for key in self.narrowed[:3]]
             out.append(
                 f"the float64 reference itself converted to a narrower dtype in "
-                f"{len(self.narrowed)} module calls ({', '.join(self.narrowed[:3])}"
+                f"{len(self.narrowed)} module calls ({', '.join(names)}"
                 f"{', ...' if len(self.narrowed) > 3 else ''}): there it is as precise as that "
                 "dtype only"
             )
@@ -628,6 +632,8 @@ def report(
             kept and kept.on_input,
             kept and kept.on_output,
         )
+        if kept is not None:
+            kept.close()
         plain = None
         if autocast is not None:
             plain, _ = _run(low_model, a, k, target, None, backward)
@@ -636,7 +642,7 @@ def report(
         notes.append("no backward pass: nothing the output depends on requires grad")
 
     numbers: dict[Key, _Numbers] = {}
-    narrowed: tuple[str, ...] = ()
+    narrowed: tuple[Key, ...] = ()
     if kept is not None:
         reference = copy.deepcopy(model).to(device=target.device, dtype=torch.float64)
         a, k = _device.move(_cast_floats((args, kwargs), torch.float64), target)
@@ -644,45 +650,16 @@ def report(
         ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
         numbers = compare.numbers
         narrowed = tuple(
-            s.name or "(root)"
-            for s in ref.seen
-            if any(src == torch.float64 != dst for src, dst in s.casts[FORWARD])
+            s.key for s in ref.seen if any(a == torch.float64 != b for a, b in s.casts[FORWARD])
         )
     plain_seen = plain.by_key() if plain is not None else {}
-    calls = []
-    for s in run.seen:
-        p = plain_seen.get(s.key)
-        num = numbers.get(s.key, _Numbers())
-        calls.append(
-            ModuleCall(
-                s.name,
-                s.kind,
-                s.index,
-                s.depth,
-                s.inputs,
-                s.outputs,
-                params.get(s.name, ()),
-                s.ops[FORWARD],
-                sum(s.casts[FORWARD].values()),
-                _added(s.casts[FORWARD], p and p.casts[FORWARD]) if autocast else None,
-                s.ops[BACKWARD] if backward else None,
-                sum(s.casts[BACKWARD].values()) if backward else None,
-                _added(s.casts[BACKWARD], p and p.casts[BACKWARD])
-                if backward and autocast
-                else None,
-                num.input_error,
-                num.error,
-                num.inf,
-                num.nan,
-                num.to_zero,
-                num.beyond_range,
-                s.finished,
-                num.input_nonfinite,
-            )
-        )
+    calls = tuple(
+        _module_call(s, plain_seen.get(s.key), numbers.get(s.key, _Numbers()), params, backward)
+        for s in run.seen
+    )
     return Report(
         type(model).__name__,
-        tuple(calls),
+        calls,
         target,
         autocast,
         dtype,
@@ -690,6 +667,49 @@ def report(
         target.describe(),
         narrowed,
         tuple(notes),
+    )
+
+
+def _module_call(
+    s: _Seen,
+    plain: _Seen | None,
+    num: _Numbers,
+    params: dict[str, tuple[torch.dtype, ...]],
+    backward: bool,
+) -> ModuleCall:
+    """One row of the report: a call of the autocast (or cast) run, with the plain run's
+    call of the same key to tell autocast's casts (``None`` in a run without autocast)."""
+
+    def casts(phase: str) -> int:
+        return sum(s.casts[phase].values())
+
+    def added(phase: str) -> int | None:
+        if plain is None:
+            return None
+        return sum((s.casts[phase] - plain.casts[phase]).values())
+
+    return ModuleCall(
+        name=s.name,
+        kind=s.kind,
+        index=s.index,
+        depth=s.depth,
+        inputs=s.inputs,
+        outputs=s.outputs,
+        params=params.get(s.name, ()),
+        ops=s.ops[FORWARD],
+        casts=casts(FORWARD),
+        autocast_casts=added(FORWARD),
+        backward_ops=s.ops[BACKWARD] if backward else None,
+        backward_casts=casts(BACKWARD) if backward else None,
+        backward_autocast_casts=added(BACKWARD) if backward else None,
+        input_error=num.input_error,
+        error=num.error,
+        inf=num.inf,
+        nan=num.nan,
+        to_zero=num.to_zero,
+        beyond_range=num.beyond_range,
+        finished=s.finished,
+        input_nonfinite=num.input_nonfinite,
     )
 
 

@@ -76,7 +76,7 @@ def test_autocast_casts_leave_out_the_casts_the_module_makes_itself():
     assert report["1"].casts == 1 and report["1"].autocast_casts == 0
     assert report["0"].autocast_casts == 3
     # The float64 reference also rounds to fp16 inside OwnCast, and the report says so.
-    assert report.narrowed == ("1",)
+    assert report.narrowed == (("1", 0),)
     assert any("narrower dtype in 1 module calls (1)" in f for f in report.findings())
 
 
@@ -146,6 +146,19 @@ def test_a_simulated_device_has_dtypes_and_casts_but_no_errors():
         f"simulated ({device.SIMULATED}): dtypes, ops and casts only, no errors"
     ]
     assert not any(isinstance(p, torch._subclasses.FakeTensor) for p in model.parameters())
+    differ = modules.differences(cpu, cuda)
+    assert [r[0] for r in differ.rows] == ["(root)", "1"]
+    assert differ.records()[1]["out, cuda (simulated) autocast(cuda, float16)"] == "f32"
+    assert differ.records()[1][f"out, cpu ({device.LIVE}) autocast(cpu, float16)"] == "f16"
+
+
+def test_differences_lists_a_call_only_one_report_has():
+    torch.manual_seed(0)
+    one, two = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.randn(2, 4)
+    table = modules.differences(modules.report(one, x), modules.report(two, x))
+    assert [r[0] for r in table.rows] == ["1"] and table.rows[0][1:5] == (None,) * 4
+    assert table.columns[1].endswith("(1)") and table.columns[5].endswith("(2)")
 
 
 def test_the_model_is_left_as_it_was_even_when_it_raises():
@@ -231,7 +244,7 @@ def test_a_transformers_model_live_and_simulated(qwen):
     assert q.outputs == (torch.bfloat16,) and q.params == (torch.float32,) and q.autocast_casts
     # Qwen2's RMSNorm computes in float32 itself: its output stays float32 under autocast,
     # and in the float64 reference it rounds to float32 (the report says where).
-    assert norm.outputs == (torch.float32,) and "model.layers.0.input_layernorm" in live.narrowed
+    assert norm.outputs == (torch.float32,) and norm.key in live.narrowed
     assert live[""].error.max_rel > 0 and live.first_nonfinite is None
     assert sum(c.backward_ops for c in live.calls) > sum(c.ops for c in live.calls)
     sim = modules.report(model, inputs, autocast="fp16", device="cuda", simulate=True)

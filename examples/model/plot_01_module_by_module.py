@@ -94,8 +94,8 @@ print(f"{len(norms)} RMSNorm calls, all returning float32 with no cast from auto
 for line in report.findings():
     print(line)
 assert report.first_nonfinite is None
-assert "model.rotary_emb" in report.narrowed
-assert all(c.name in report.narrowed for c in norms)
+assert report["model.rotary_emb"].key in report.narrowed
+assert all(c.key in report.narrowed for c in norms)
 logits = report[""].error.max_rel
 print(f"logits: max |error| / mean |ref| = {logits:.3g}, "
       f"{logits / (torch.finfo(torch.bfloat16).eps / 2):.1f} bf16 unit roundoffs")
