@@ -197,11 +197,11 @@ def _inference(args: argparse.Namespace) -> str:
 
 
 def _model(args: argparse.Namespace) -> str:
-    from mpguide import modules
+    from mpguide import device, modules
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
-    target = _target(args.device, args.simulate)
+    target = device.target(args.device, simulate=args.simulate)
     model, inputs = _factory(args.spec)
     with _readers_code(f"running the model of {args.spec} on its inputs"):
         report = modules.report(
@@ -217,12 +217,6 @@ def _model(args: argparse.Namespace) -> str:
         for note in (table.caption, *table.notes):
             print(f"mpguide: note: {note}", file=sys.stderr)
     return table.render("table" if args.format == "text" else args.format)
-
-
-def _target(name: str | None, simulate: bool):
-    from mpguide import device
-
-    return device.target(name, simulate=simulate)
 
 
 def _option(flag: str, value: str | None):

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import MPGuideError, dtypes, graphs, numerics
+from mpguide import MPGuideError, dtypes, error_line, graphs, numerics
 from mpguide import device as _device
 from mpguide.table import Table
 
@@ -647,7 +647,13 @@ def report(
         reference = copy.deepcopy(model).to(device=target.device, dtype=torch.float64)
         a, k = _device.move(_cast_floats((args, kwargs), torch.float64), target)
         compare = _Compare(kept, torch.finfo(autocast or dtype).max)
-        ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
+        try:
+            ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
+        except Exception as err:
+            raise MPGuideError(
+                f"the float64 copy of the model raised {error_line(err)}: the reference needs "
+                "a model that runs in float64"
+            ) from err
         numbers = compare.numbers
         narrowed = tuple(
             s.key for s in ref.seen if any(a == torch.float64 != b for a, b in s.casts[FORWARD])

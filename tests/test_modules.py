@@ -209,6 +209,18 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
         modules.report(args.pop("model"), args.pop("inputs"), **args)
 
 
+class LowOnly(nn.Module):
+    def forward(self, x):
+        if x.dtype == torch.float64:
+            raise TypeError("no float64 kernel")
+        return x * 2
+
+
+def test_a_model_that_cannot_run_in_float64_is_named_so():
+    with pytest.raises(MPGuideError, match="the float64 copy of the model raised TypeError"):
+        modules.report(LowOnly(), torch.ones(2))
+
+
 @pytest.mark.skipif(torch.cuda._is_compiled(), reason="this build runs autograd on CUDA")
 def test_backward_on_a_device_this_build_cannot_differentiate_is_refused():
     model, x = _mlp()
