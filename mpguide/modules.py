@@ -485,7 +485,7 @@ class Report:
         if not self.simulated:
             columns += ["in err", "out err", "inf", "nan", "to zero", f"|ref| > {low} max"]
         shown = self.calls if limit is None else self.calls[:limit]
-        rows = tuple(tuple(_cells(c, columns, self)) for c in shown)
+        rows = tuple(tuple(_cells(c, columns)) for c in shown)
         notes = [*self.findings(), *self.notes, _legend(self)]
         if len(shown) < len(self.calls):
             notes.append(
@@ -536,7 +536,7 @@ def _err(stats: numerics.ErrorStats | None) -> float | None:
     return None if stats is None else stats.max_rel
 
 
-def _cells(c: ModuleCall, columns: list[str], r: Report) -> Iterator[Any]:
+def _cells(c: ModuleCall, columns: list[str]) -> Iterator[Any]:
     values = {
         "module": c.label,
         "type": c.kind,
@@ -556,7 +556,7 @@ def _cells(c: ModuleCall, columns: list[str], r: Report) -> Iterator[Any]:
         "to zero": c.to_zero,
     }
     for col in columns:
-        yield values.get(col, c.beyond_range)
+        yield c.beyond_range if col.startswith("|ref| >") else values[col]
 
 
 def _legend(r: Report) -> str:
