@@ -131,6 +131,10 @@ def record(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Time ``python -m mpguide casts`` and ``tree`` on large synthetic traces beside the parse
     limit (a typed msgspec decode of the same file), and profile casts phase by phase; the
-    results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options)."""
+    results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options).
+    Then time the per-module report of ``python -m mpguide model`` on a 12-layer transformer
+    beside a float32 forward and backward plus a float64 forward, into
+    docs/benchmarks/model_report.json."""
     _install(session)
     session.run("python", "benchmarks/trace_casts.py", *session.posargs)
+    session.run("python", "benchmarks/model_report.py")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
-from mpguide import MPGuideError, __version__
+from mpguide import MPGuideError, __version__, error_line
 from mpguide.table import FORMATS
 
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
@@ -91,17 +92,75 @@ def _casts(args: argparse.Namespace) -> str:
     return report.summary(args.by).render(args.format)
 
 
-def _load_factory(spec: str):
-    import importlib
+SPEC = "FILE.py:NAME or package.module:NAME"
+"""How every command names the reader's code; importing it runs its top-level code."""
 
-    module_name, colon, attr = spec.partition(":")
-    if not colon or not module_name or not attr:
-        raise MPGuideError(f"--model takes MODULE:FUNCTION, got {spec!r}")
+
+def _reader_error(err: BaseException) -> str:
+    if isinstance(err, SystemExit):
+        return f"SystemExit({err.code!r})"
+    return error_line(err)
+
+
+@contextmanager
+def _readers_code(doing: str) -> Iterator[None]:
+    """An error or ``SystemExit`` raised by the reader's code inside: one line saying what was
+    being done."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise MPGuideError(f"cannot import {module_name!r}: {err}") from None
-    return _function(module, repr(module_name), attr)
+        yield
+    except MPGuideError:
+        raise
+    except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's code: named in one line
+        raise MPGuideError(f"{doing} raised {_reader_error(err)}") from None
+
+
+def _load(spec: str):
+    """The function ``spec`` names: ``FILE.py:NAME`` (the file is imported with its folder
+    first on ``sys.path``, as ``python FILE.py`` would run it) or ``package.module:NAME``
+    (imported from here). Importing runs the module's top-level code."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    where, colon, name = spec.rpartition(":")
+    if not colon or not where or not name:
+        raise MPGuideError(f"give {SPEC}, got {spec!r}")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise MPGuideError(f"no file {where!r}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if module_spec is None or module_spec.loader is None:
+            raise MPGuideError(f"{where!r} is not a Python file")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.path.insert(0, str(path.resolve().parent))
+        with _readers_code(f"importing {where}"):
+            module_spec.loader.exec_module(module)
+    else:
+        with _readers_code(f"importing {where}"):
+            try:
+                found = importlib.util.find_spec(where)  # imports the parent packages
+            except ModuleNotFoundError as err:
+                raise MPGuideError(f"cannot import {where!r}: {err}") from None
+            if found is None:
+                raise MPGuideError(f"cannot import {where!r}: no module of that name from here")
+            module = importlib.import_module(where)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise MPGuideError(f"{where} has no function {name!r}")
+    return fn
+
+
+def _factory(spec: str):
+    """``(model, inputs)`` from the factory ``spec`` names, called once."""
+    import torch
+
+    factory = _load(spec)
+    with _readers_code(f"calling {spec}"):
+        made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
+        raise MPGuideError(f"{spec} must return (model, inputs), got {type(made).__name__}")
+    return made
 
 
 def _inference(args: argparse.Namespace) -> str:
@@ -119,51 +178,66 @@ def _inference(args: argparse.Namespace) -> str:
         raise MPGuideError(
             f"need --repeat >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}"
         )
-    made = _load_factory(args.model)()
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
-        raise MPGuideError(f"{args.model} must return (model, inputs), got {type(made).__name__}")
-    model, inputs = made
-    result = inference.compare(model, inputs, variants, dev, warmup=args.warmup, repeat=args.repeat)
+    model, inputs = _factory(args.model)
+    tensors = [inputs] if isinstance(inputs, torch.Tensor) else inputs
+    if not (
+        isinstance(tensors, (tuple, list))
+        and tensors
+        and all(isinstance(t, torch.Tensor) for t in tensors)
+    ):
+        raise MPGuideError(
+            f"{args.model} must return inputs as a tensor or a tuple of tensors, "
+            f"got {type(inputs).__name__}"
+        )
+    with _readers_code(f"running the model of {args.model} on its inputs"):
+        result = inference.compare(
+            model, inputs, variants, dev, warmup=args.warmup, repeat=args.repeat
+        )
     return result.table().render(args.format)
 
 
-def _load_function(spec: str):
-    import importlib.util
-    from pathlib import Path
+def _model(args: argparse.Namespace) -> str:
+    from mpguide import device, modules
 
-    from mpguide import error_line
+    if args.limit < 0:
+        raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
+    target = device.target(args.device, simulate=args.simulate)
+    model, inputs = _factory(args.spec)
+    with _readers_code(f"running the model of {args.spec} on its inputs"):
+        report = modules.report(
+            model,
+            inputs,
+            autocast=_option("autocast", args.autocast),
+            dtype=_option("dtype", args.dtype),
+            device=target,
+            backward=args.backward,
+        )
+    table = report.table(limit=args.limit or None)
+    if args.format == "csv":
+        for note in (table.caption, *table.notes):
+            print(f"mpguide: note: {note}", file=sys.stderr)
+    return table.render("table" if args.format == "text" else args.format)
 
-    path, colon, name = spec.rpartition(":")
-    if not colon or not path or not name:
-        raise MPGuideError(f"give FILE.py:FUNCTION, got {spec!r}")
-    if not Path(path).is_file():
-        raise MPGuideError(f"no file {path!r}")
-    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    if module_spec is None or module_spec.loader is None:
-        raise MPGuideError(f"{path!r} is not a Python file")
-    module = importlib.util.module_from_spec(module_spec)
+
+def _option(flag: str, value: str | None):
+    """A dtype option, its error naming the flag."""
+    from mpguide import dtypes
+
+    if value is None:
+        return None
     try:
-        module_spec.loader.exec_module(module)
-    except Exception as err:  # noqa: BLE001 -- the reader's file: named in one line
-        raise MPGuideError(f"{path} raised {error_line(err)} on import") from None
-    return _function(module, path, name)
-
-
-def _function(module, where: str, name: str):
-    """``module.name`` if it is callable, else one line saying ``where`` has no such function."""
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise MPGuideError(f"{where} has no function {name!r}")
-    return fn
+        return dtypes.autocast_dtype(value) if flag == "autocast" else dtypes.parse(value)
+    except MPGuideError as err:
+        raise MPGuideError(f"--{flag}: {err}") from None
 
 
 def _graph(args: argparse.Namespace) -> str:
     import msgspec
     import torch
 
-    from mpguide import device, dtypes, error_line, graphs
+    from mpguide import device, dtypes, graphs
 
-    fn = _load_function(args.function)
+    fn = _load(args.function)
     target = device.target(args.device, simulate=True)
     if args.backward and not device.simulates_autograd(target.device.type):
         raise MPGuideError(
@@ -174,17 +248,17 @@ def _graph(args: argparse.Namespace) -> str:
         low = None if args.autocast is None else dtypes.autocast_dtype(args.autocast)
     except MPGuideError as err:
         raise MPGuideError(f"--{err}") from None
-    with device.tensors(target):
+    with device.tensors(target, graphs.modules_of(fn)):
         inputs = graphs.inputs(args.inputs, target.device, requires_grad=args.backward)
         try:
             with device.autocast(target, low):
                 captured = graphs.capture(fn, *inputs, backend=args.backend)
         except MPGuideError:
             raise
-        except Exception as err:  # noqa: BLE001 -- the reader's function: named in one line
+        except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's function
             while err.__cause__ is not None or err.__context__ is not None:
                 err = err.__cause__ or err.__context__  # Dynamo wraps the first error
-            raise MPGuideError(f"tracing {args.function} raised {error_line(err)}") from None
+            raise MPGuideError(f"tracing {args.function} raised {_reader_error(err)}") from None
     which = list(captured.graphs())
     if args.format == "json":
         doc = {
@@ -308,8 +382,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--model",
         required=True,
-        metavar="MODULE:FUNCTION",
-        help="a function, importable from here, returning (model, inputs)",
+        metavar="SPEC",
+        help=f"{SPEC}: a function returning (model, inputs); importing it runs its top-level code",
     )
     s.add_argument(
         "--variants",
@@ -332,7 +406,12 @@ def parser() -> argparse.ArgumentParser:
         "rules, so no kernel runs and any device this build has autocast for can be shown; "
         "every output says so.",
     )
-    s.add_argument("function", metavar="FILE.py:FUNCTION", help="the function to trace")
+    s.add_argument(
+        "function",
+        metavar="SPEC",
+        help=f"{SPEC}: the function to trace; importing it runs its top-level code, and the "
+        "parameters and buffers of the modules it reaches follow the simulated device",
+    )
     s.add_argument(
         "--inputs",
         nargs="+",
@@ -360,6 +439,57 @@ def parser() -> argparse.ArgumentParser:
         help="text (default), markdown, or json with each graph's code and dtype changes",
     )
     s.set_defaults(run=_graph)
+
+    s = sub.add_parser(
+        "model",
+        help="your model module by module: dtypes, casts, and error against float64",
+        description="Run your model on its inputs under autocast (or cast to one dtype) and "
+        "report every module call in call order: input, output and parameter dtypes, the ops "
+        "and dtype casts it ran (forward, and backward with --backward), and, on a device this "
+        "machine has, its error against a float64 copy of the model on the same inputs, with "
+        "the infinities and NaNs it returned, the values it flushed to zero and the reference "
+        "values beyond the format's range. The first module with a non-finite output and the "
+        "first where the error jumps are named. Another device is simulated: dtypes and casts "
+        "only.",
+    )
+    s.add_argument(
+        "spec",
+        metavar="SPEC",
+        help=f"{SPEC}: a function returning (model, inputs), the inputs a tensor, a tuple of "
+        "arguments or a dict of keyword arguments; importing it runs its top-level code",
+    )
+    low = s.add_mutually_exclusive_group()
+    low.add_argument(
+        "--autocast", metavar="DTYPE", help="bfloat16 (the default) or float16: run under autocast"
+    )
+    low.add_argument(
+        "--dtype", metavar="DTYPE", help="cast the model and its floating inputs to this dtype"
+    )
+    s.add_argument(
+        "--device",
+        help="cpu, cuda, mps, xpu, ...: live where this machine has it, else simulated "
+        "(default: cuda when present, else cpu)",
+    )
+    s.add_argument("--simulate", action="store_true", help="simulate the device even when present")
+    s.add_argument(
+        "--backward",
+        action="store_true",
+        help="run the backward pass too (ones as output gradients) and count its ops and casts",
+    )
+    s.add_argument(
+        "--limit",
+        type=int,
+        default=200,
+        help="most module calls shown, in call order; a last line says how many more there "
+        "are (default %(default)s; 0 for all)",
+    )
+    s.add_argument(
+        "--format",
+        default="text",
+        choices=("text", "markdown", "json", "csv"),
+        help="text (default), markdown, json, or csv (the notes then go to stderr)",
+    )
+    s.set_defaults(run=_model)
     return p
 
 

@@ -8,11 +8,13 @@ import logging
 import os
 import platform
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from mpguide import MPGuideError
 from mpguide import dtypes as _dtypes
@@ -245,40 +247,148 @@ def autocast(dev: Target, dtype: torch.dtype | None) -> Iterator[None]:
         torch.clear_autocast_cache()
 
 
-def simulates_autograd(dev_type: str) -> bool:
-    """Whether autograd can run on fake ``dev_type`` tensors in this build. Autograd asks the
-    device's guard for a stream, and only a build with that device compiled in has one: on a
-    CPU-only build the first op on a fake CUDA tensor that requires grad aborts the process."""
+def built(dev_type: str) -> bool:
+    """Whether this torch build has ``dev_type`` compiled in (``cpu`` and ``meta`` always).
+    Only then does the device have a guard, which autograd asks for a stream and some Python
+    bindings of tensor methods ask to set the device."""
     if dev_type in ("cpu", "meta"):
         return True
     compiled = getattr(getattr(torch, dev_type, None), "_is_compiled", None)
     return bool(compiled()) if callable(compiled) else False
 
 
-@contextmanager
-def aten_copy() -> Iterator[None]:
-    """``Tensor.copy_`` calls the ATen op directly inside the block. The method's Python binding
-    sets the device up first, which raises for a device this build lacks (``out=`` arguments and
-    ``nn.init`` fill tensors through it); the op itself runs on fake tensors."""
-    method = torch.Tensor.copy_
+def simulates_autograd(dev_type: str) -> bool:
+    """Whether autograd can run on fake ``dev_type`` tensors in this build: only where it is
+    :func:`built`. On a CPU-only build the first op on a fake CUDA tensor that requires grad
+    aborts the process."""
+    return built(dev_type)
+
+
+def _index(x: torch.Tensor, index: Any) -> tuple[torch.Tensor, list] | None:
+    """``x[index]`` as the indexing binding does it, in ATen ops: integers select, slices
+    slice, ``None`` unsqueezes, ``...`` skips dims, and tensors (or lists of integers) are
+    kept, at the dim they index, for one ``aten.index`` afterwards. Returns the view and those
+    indices; ``None`` for an index it does not read (a bool, two ellipses, anything else)."""
+    index = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, bool) for i in index) or sum(i is Ellipsis for i in index) > 1:
+        return None
+    span = x.dim() - sum(i is not None and i is not Ellipsis for i in index)
+    dim, tensors = 0, {}
+    for i in index:
+        if i is Ellipsis:
+            dim += span
+        elif i is None:
+            x, dim = torch.ops.aten.unsqueeze.default(x, dim), dim + 1
+        elif isinstance(i, (int, torch.SymInt)):
+            x = torch.ops.aten.select.int(x, dim, i)
+        elif isinstance(i, slice):
+            if (i.start, i.stop, i.step) != (None, None, None):  # ``:`` is no op
+                x = torch.ops.aten.slice.Tensor(x, dim, i.start, i.stop, i.step or 1)
+            dim += 1
+        elif isinstance(i, torch.Tensor) or (
+            isinstance(i, list) and all(isinstance(j, int) and not isinstance(j, bool) for j in i)
+        ):
+            tensors[dim] = i if isinstance(i, torch.Tensor) else torch.tensor(i, device=x.device)
+            dim += 1
+        else:
+            return None
+    return x, [tensors.get(d) for d in range(max(tensors) + 1)] if tensors else []
+
+
+def _aten_methods(indexing: bool) -> dict[str, Callable]:
+    original = {n: getattr(torch.Tensor, n) for n in ("__getitem__", "__setitem__")}
 
     def copy_(self, src, non_blocking=False):
         return torch.ops.aten.copy_.default(self, src, non_blocking)
 
-    torch.Tensor.copy_ = copy_
-    try:
-        yield
-    finally:
-        torch.Tensor.copy_ = method
+    def __getitem__(self, index):
+        split = _index(self, index)
+        if split is None:
+            return original["__getitem__"](self, index)
+        view, indices = split
+        return torch.ops.aten.index.Tensor(view, indices) if indices else view
+
+    def __setitem__(self, index, value):
+        split = _index(self, index)
+        if split is None:
+            return original["__setitem__"](self, index, value)
+        view, indices = split
+        if not isinstance(value, torch.Tensor):
+            value = torch.tensor(value, dtype=self.dtype, device=self.device)
+        if indices:
+            torch.ops.aten.index_put_.default(view, indices, value)
+        else:
+            torch.ops.aten.copy_.default(view, value)
+
+    def contiguous(self, memory_format=torch.contiguous_format):
+        if self.is_contiguous(memory_format=memory_format):
+            return self
+        return torch.ops.aten.clone.default(self, memory_format=memory_format)
+
+    methods = {"copy_": copy_}
+    if indexing:
+        methods.update(__getitem__=__getitem__, __setitem__=__setitem__, contiguous=contiguous)
+    return methods
 
 
 @contextmanager
-def tensors(dev: Target) -> Iterator[None]:
+def aten_methods(dev_type: str = "cpu") -> Iterator[None]:
+    """Tensor methods whose Python bindings set the device up first, which raises for a device
+    this build lacks, call their ATen ops directly inside the block (the ops themselves run on
+    fake tensors): ``copy_`` always (``out=`` arguments and ``nn.init`` fill tensors through
+    it), and where ``dev_type`` is not :func:`built`, indexing, index assignment and
+    ``contiguous``, through the ops their bindings call."""
+    methods = _aten_methods(indexing=not built(dev_type))
+    own = {n: torch.Tensor.__dict__.get(n) for n in methods}  # None: inherited from C
+    try:
+        for n, m in methods.items():
+            setattr(torch.Tensor, n, m)
+        yield
+    finally:
+        for n, m in own.items():
+            if m is None:
+                delattr(torch.Tensor, n)
+            else:
+                setattr(torch.Tensor, n, m)
+
+
+def _fake_like(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A fake tensor on ``dev`` with ``t``'s shape, strides, dtype and ``requires_grad``; a
+    parameter stays a parameter. Made inside :func:`tensors` of a simulated device."""
+    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=dev)
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+    return fake.requires_grad_(t.requires_grad)
+
+
+@contextmanager
+def _fake_state(modules: Iterable[torch.nn.Module], dev: torch.device) -> Iterator[None]:
+    """The parameters and buffers of ``modules`` and their submodules replaced by fake ones
+    on ``dev`` (a tensor shared by two modules stays shared); the real ones are put back."""
+    fakes: dict[int, torch.Tensor] = {}
+    swapped = []
+    try:
+        for module in {id(m): m for root in modules for m in root.modules()}.values():
+            for slots in (module._parameters, module._buffers):
+                for name, t in list(slots.items()):
+                    if t is not None:
+                        fake = fakes.setdefault(id(t), _fake_like(t, dev))
+                        swapped.append((slots, name, t))
+                        slots[name] = fake
+        yield
+    finally:
+        for slots, name, t in reversed(swapped):
+            slots[name] = t
+
+
+@contextmanager
+def tensors(dev: Target, modules: Iterable[torch.nn.Module] = ()) -> Iterator[None]:
     """Where ``dev`` is simulated, make every tensor created inside fake (shapes, dtypes and
-    devices only; ops run their meta kernels, ``copy_`` as in :func:`aten_copy`); a live device
-    changes nothing. Where this build cannot run autograd on the device
-    (:func:`simulates_autograd`), grad mode is off inside, so a module's parameters do not
-    abort the process."""
+    devices only; ops run their meta kernels, some tensor methods as in :func:`aten_methods`),
+    and give the parameters and buffers of ``modules`` fake counterparts on ``dev`` for the
+    block, the real ones put back after; a live device changes nothing. Where this build cannot
+    run autograd on the device (:func:`simulates_autograd`), grad mode is off inside, so a
+    module's parameters do not abort the process."""
     if not dev.simulated:
         yield
         return
@@ -290,10 +400,28 @@ def tensors(dev: Target) -> Iterator[None]:
     disabled = logger.disabled
     logger.disabled = True
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False), aten_copy(), grad:
+        with (
+            FakeTensorMode(allow_non_fake_inputs=False),
+            aten_methods(dev.device.type),
+            grad,
+            _fake_state(modules, dev.device),
+        ):
             yield
     finally:
         logger.disabled = disabled
+
+
+def move(value: Any, dev: Target) -> Any:
+    """The tensors of ``value`` (one, or a structure of them) on ``dev``'s device: fake ones of
+    the same dtypes and shapes where it is simulated (call it inside :func:`tensors`), else
+    ``Tensor.to`` (the same tensor where it is already there)."""
+
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        return _fake_like(t, dev.device) if dev.simulated else t.to(dev.device)
+
+    return tree_map(one, value)
 
 
 @contextmanager

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 import traceback
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -468,6 +468,35 @@ def _fake_mode(values: Any):
     return next(iter(modes.values()), None)
 
 
+@contextmanager
+def _no_constant_folding() -> Iterator[None]:
+    """AOTAutograd's tracer without constant folding: it computes a small constant (a
+    ``torch.tensor([])`` moved to the device) on real tensors, which a device this build lacks
+    cannot hold."""
+    from torch.fx.experimental import proxy_tensor
+
+    limit = proxy_tensor.CONSTANT_NUMEL_LIMIT
+    proxy_tensor.CONSTANT_NUMEL_LIMIT = -1
+    try:
+        yield
+    finally:
+        proxy_tensor.CONSTANT_NUMEL_LIMIT = limit
+
+
+def modules_of(fn: Callable[..., Any]) -> list[torch.nn.Module]:
+    """The modules ``fn`` reaches: ``fn`` itself when it is one, the instance of a bound
+    method, and the modules its closure and its module's globals hold, each once. Give them to
+    :func:`mpguide.device.tensors` so that their parameters and buffers follow a simulated
+    device."""
+    found = [fn, getattr(fn, "__self__", None)]
+    for cell in getattr(fn, "__closure__", None) or ():
+        with suppress(ValueError):  # a cell not yet filled
+            found.append(cell.cell_contents)
+    found += list(getattr(fn, "__globals__", {}).values())
+    modules = {id(m): m for m in found if isinstance(m, torch.nn.Module)}
+    return list(modules.values())
+
+
 def capture(
     fn: Callable[..., Any], *args: Any, backend: str = backends.AOT_EAGER, **kwargs: Any
 ) -> Graphs:
@@ -519,8 +548,11 @@ def capture(
             torch._functorch.config.patch(enable_autograd_cache=False),
             backends.settings(backend),
             nullcontext() if fake is None else fake,
-            nullcontext() if fake is None else _device.aten_copy(),
+            nullcontext() if fake is None else _device.aten_methods(dev),
             torch.no_grad() if no_grad else nullcontext(),
+            _no_constant_folding()
+            if fake is not None and not _device.built(dev)
+            else nullcontext(),
         ):
             compiled = torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False)
             out = compiled(*args, **kwargs)

@@ -14,6 +14,7 @@ and compares with the float64 product of the same inputs. Modes:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -49,7 +50,8 @@ class ErrorStats:
 
 def errors(approx: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
     """Max absolute error, max absolute error over mean ``|ref|``, RMS and mean signed error
-    of ``approx`` against ``ref``, computed in float64."""
+    of ``approx`` against ``ref``, computed in float64. Against a reference of zeros, the
+    relative error is 0 where ``approx`` is exact and infinite where it is not."""
     if approx.shape != ref.shape:
         raise MPGuideError(f"shapes differ: {tuple(approx.shape)} against {tuple(ref.shape)}")
     if ref.numel() == 0:
@@ -57,9 +59,10 @@ def errors(approx: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
     ref = ref.double()
     diff = approx.double() - ref
     max_abs = diff.abs().max().item()
+    scale = ref.abs().mean().item()
     return ErrorStats(
         max_abs=max_abs,
-        max_rel=max_abs / ref.abs().mean().item(),
+        max_rel=max_abs / scale if scale else 0.0 if max_abs == 0 else math.inf,
         rms=diff.square().mean().sqrt().item(),
         mean=diff.mean().item(),
     )

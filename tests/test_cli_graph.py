@@ -21,6 +21,10 @@ def scale_and_sin(x):
 
 def raises(x):
     raise ValueError("the reader's bug")
+
+
+def exits(x):
+    raise SystemExit(7)
 """
 ISSUE = ("--inputs", "bf16[32,7,1,8]", "bf16[32,7,8,1]", "bf16[32,7,1,1]")
 
@@ -82,7 +86,9 @@ def test_autocast_puts_its_casts_in_the_graph(functions):
     [
         (["missing.py:f", "--inputs", "f32[2]"], "no file 'missing.py'"),
         (["{f}:nope", "--inputs", "f32[2]"], "has no function 'nope'"),
-        (["{f}", "--inputs", "f32[2]"], "give FILE.py:FUNCTION"),
+        (["{f}", "--inputs", "f32[2]"], "give FILE.py:NAME or package.module:NAME"),
+        (["{f}:exits", "--inputs", "f32[2]"], "SystemExit(7)"),
+        (["no_such_module_here:f", "--inputs", "f32[2]"], "cannot import 'no_such_module_here'"),
         (["{f}:scale_and_sin", "--inputs", "f32(2)"], "bad input 'f32(2)'"),
         (["{f}:scale_and_sin", "--inputs", "f32[2]", "--device", "tpu"], "unknown device 'tpu'"),
         (
@@ -99,6 +105,14 @@ def test_refused_input_is_one_line_and_status_2(functions, args, message):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("mpguide: error: ") and proc.stderr.count("\n") == 1
     assert message in proc.stderr
+
+
+def test_a_package_module_spec_names_the_same_function(functions):
+    proc = mpguide_process(
+        "graph", "functions:scale_and_sin", "--inputs", "f32[8]", cwd=functions.parent
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "aten.sin" in proc.stdout
 
 
 @pytest.mark.skipif(torch.cuda._is_compiled(), reason="this build runs autograd on CUDA")

@@ -18,6 +18,22 @@ def make():
 
 def not_a_pair():
     return 42
+
+
+def raises():
+    raise ValueError("the reader's bug")
+
+
+def exits():
+    raise SystemExit(3)
+
+
+def text_inputs():
+    return nn.Linear(8, 3), "hello"
+
+
+def wrong_shape():
+    return nn.Linear(8, 3), torch.randn(4, 5)
 """
 
 
@@ -64,10 +80,17 @@ def test_variant_names():
     ("argv", "message"),
     [
         (["inference"], "required: --model"),
-        (["inference", "--model", "nocolon"], "MODULE:FUNCTION"),
+        (["inference", "--model", "nocolon"], "give FILE.py:NAME or package.module:NAME"),
         (["inference", "--model", "no_such_module_here:make"], "cannot import"),
         (["inference", "--model", "reader_model:missing"], "has no function 'missing'"),
         (["inference", "--model", "reader_model:not_a_pair"], "must return (model, inputs)"),
+        (["inference", "--model", "reader_model:raises"], "raised ValueError: the reader's bug"),
+        (["inference", "--model", "reader_model:exits"], "raised SystemExit(3)"),
+        (["inference", "--model", "reader_model:text_inputs"], "a tensor or a tuple of tensors"),
+        (
+            ["inference", "--model", "reader_model:wrong_shape", "--device", "cpu"],
+            "running the model of reader_model:wrong_shape on its inputs raised RuntimeError",
+        ),
         (["inference", "--model", "reader_model:make", "--variants", "fp8"], "unknown variant"),
         (["inference", "--model", "reader_model:make", "--repeat", "0"], "--repeat >= 1"),
         (["inference", "--model", "reader_model:make", "--device", "tpu"], "unknown device"),

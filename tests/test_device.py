@@ -123,3 +123,79 @@ def test_a_module_with_parameters_on_a_simulated_cuda_does_not_abort():
     )
     assert proc.returncode == 0, proc.stderr[-500:]
     assert proc.stdout == "torch.float32\n"
+
+
+# -- real modules on a simulated device ------------------------------------------------------
+
+_INDICES = [
+    0,
+    -1,
+    slice(1, 3),
+    (Ellipsis, None),
+    (None, Ellipsis, 1),
+    (1, slice(None), None),
+    (slice(None, None, 2), Ellipsis, slice(1, None)),
+    torch.tensor([0, 2]),
+    [2, 0],
+    (slice(None), torch.tensor([1, 0])),
+    (torch.tensor([0, 1]), slice(None), torch.tensor([1, 1])),
+    (Ellipsis, torch.tensor([3, 0])),
+    (None, 1, torch.tensor([[0], [2]])),
+    torch.tensor(1),
+    True,
+]
+
+
+@pytest.mark.parametrize("index", _INDICES, ids=repr)
+def test_indexing_in_aten_ops_equals_the_binding(index):
+    methods = device._aten_methods(indexing=True)
+    x = torch.arange(3 * 4 * 5.0).reshape(3, 4, 5)
+    assert torch.equal(methods["__getitem__"](x, index), x[index])
+    mine, theirs = x.clone(), x.clone()
+    methods["__setitem__"](mine, index, -1.0)
+    theirs[index] = -1.0
+    assert torch.equal(mine, theirs)
+    value = -torch.ones_like(x[index])
+    methods["__setitem__"](mine, index, value * 2)
+    theirs[index] = value * 2
+    assert torch.equal(mine, theirs)
+    t = x.transpose(0, 2)
+    assert torch.equal(methods["contiguous"](t), t.contiguous())
+    assert methods["contiguous"](x) is x
+
+
+def test_a_real_module_follows_a_simulated_device_and_comes_back():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
+    model.append(torch.nn.Linear(8, 8)).eval()
+    model[2].weight = model[0].weight  # tied
+    before = {n: t for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    methods = dict(vars(torch.Tensor))
+    cuda = device.target("cuda", simulate=True)
+    with device.tensors(cuda, [model, model[0]]):
+        inside = dict(model.named_parameters(remove_duplicate=False))
+        assert all(isinstance(t, FakeTensor) and t.device.type == "cuda" for t in inside.values())
+        assert isinstance(model[1].running_mean, FakeTensor)
+        assert isinstance(inside["0.weight"], torch.nn.Parameter)
+        assert inside["0.weight"] is inside["2.weight"] and inside["0.bias"].requires_grad
+        x = device.move(torch.ones(4, 8), cuda)
+        out = model(x)[..., None].contiguous()
+        assert (out.device.type, out.shape) == ("cuda", (4, 8, 1))
+    after = {n: t for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    assert after.keys() == before.keys() and all(after[n] is before[n] for n in before)
+    assert model[2].weight is model[0].weight
+    assert dict(vars(torch.Tensor)) == methods
+
+
+def test_move_copies_to_a_live_device_and_fakes_a_simulated_one():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    x = {"ids": torch.zeros(2, 3, dtype=torch.long), "flag": True}
+    assert device.move(x, device.target("cpu"))["ids"] is x["ids"]
+    cuda = device.target("cuda", simulate=True)
+    with device.tensors(cuda):
+        moved = device.move(x, cuda)
+        assert isinstance(moved["ids"], FakeTensor) and moved["ids"].device.type == "cuda"
+        assert moved["ids"].dtype == torch.int64 and moved["flag"] is True

@@ -301,3 +301,43 @@ def test_simulated_inductor_lacks_the_pattern_passes_but_not_a_dtype_change():
         [(r["op"], r["in"], r["out"]) for r in g.flow("backward").records()] for g in (sim, live)
     ]
     assert flows[0] == flows[1] and flows[0]
+
+
+# -- real modules --------------------------------------------------------------------------------
+
+torch.manual_seed(0)
+_REAL = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 4))
+_REAL.register_buffer("scale", torch.ones(4))
+
+
+def _reaches_a_real_module(ids):
+    out = _REAL(ids)[:, -1, None] * _REAL.scale
+    return out + torch.tensor([], device=ids.device).sum()  # a constant moved to the device
+
+
+def test_modules_of_finds_the_modules_a_function_reaches():
+    inner = torch.nn.Linear(2, 2)
+
+    def closure(x):
+        return inner(x)
+
+    assert _REAL in graphs.modules_of(_reaches_a_real_module)
+    assert inner in graphs.modules_of(closure)
+    assert graphs.modules_of(inner.forward)[0] is inner
+    assert graphs.modules_of(inner) == [inner]
+
+
+@pytest.mark.parametrize("dev_type", ["cpu", "cuda"])
+def test_a_function_reaching_a_real_module_is_traced_on_a_simulated_device(dev_type):
+    target = device.target(dev_type, simulate=True)
+    weight = _REAL[2].weight
+    with device.tensors(target, graphs.modules_of(_reaches_a_real_module)):
+        (ids,) = graphs.inputs(["i64[2,5]"], target.device)
+        with device.autocast(target, torch.bfloat16):
+            g = graphs.capture(_reaches_a_real_module, ids)
+    assert g.simulated and g.device == dev_type
+    nodes = g.nodes()
+    assert ("aten.addmm", "bf16[10, 4]") in nodes and ("aten.unsqueeze", "bf16[2, 1, 4]") in nodes
+    assert ("aten.add.Tensor", "f32[2, 1, 4]") in nodes
+    assert ("backward" in g.graphs()) is device.simulates_autograd(dev_type)
+    assert _REAL[2].weight is weight and not isinstance(weight, torch._subclasses.FakeTensor)

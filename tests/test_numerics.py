@@ -26,6 +26,11 @@ def test_error_statistics_reject_bad_input():
         numerics.errors(torch.zeros(0), torch.zeros(0))
 
 
+def test_relative_error_against_zeros_is_zero_or_infinite():
+    assert numerics.errors(torch.zeros(3), torch.zeros(3)).max_rel == 0
+    assert numerics.errors(torch.tensor([0.0, 1e-3]), torch.zeros(2)).max_rel == float("inf")
+
+
 @pytest.fixture(scope="module")
 def cpu_table():
     return numerics.matmul_errors([SHAPE], dev="cpu", repeats=1)

@@ -609,4 +609,41 @@ def test_communication_costs_split_bytes_by_dtype_and_write_each_error():
 # --- Your model: the per-module report ---
 
 
+def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
+    import math
+
+    from torch import nn
+
+    from mpguide import modules
+
+    class Huge(nn.Module):
+        def forward(self, x):
+            return x * 1e5
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), Huge(), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    fp16 = modules.report(model, x, autocast="fp16", device="cpu")
+    bf16 = modules.report(model, x, autocast="bf16", device="cpu")
+    fig = plots.module_errors({"fp16": fp16, "bf16": bf16}, title="t")
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["(root)", "0", "1", "2"]
+    lines = {line.get_gid(): line for line in ax.get_lines()}
+    assert list(lines["bf16"].get_ydata()) == [c.error.max_rel for c in bf16.calls]
+    drawn = list(lines["fp16"].get_ydata())
+    assert drawn[1] == fp16["0"].error.max_rel and all(math.isnan(y) for y in drawn[2:] + drawn[:1])
+    bad = [i for i, c in enumerate(fp16.calls) if c.nonfinite]
+    assert list(lines["fp16: inf or NaN"].get_xdata()) == bad == [0, 2, 3]
+    assert "bf16: inf or NaN" not in lines
+    assert [t.get_text() for t in ax.texts] == ["fp16: first inf/NaN in 1"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["fp16", "bf16", "inf or NaN"]
+    assert ax.get_yscale() == "symlog"
+    legend = plots.module_errors({"bf16": bf16}).legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["bf16"]
+    simulated = modules.report(model, x, device="cuda", simulate=True)
+    with pytest.raises(MPGuideError, match="'sim' is simulated"):
+        plots.module_errors({"sim": simulated})
+    plt.close("all")
+
+
 # --- Real traces: casts by module, fused casts, ranks ---

@@ -1,0 +1,733 @@
+"""Your own model, module by module: dtypes, casts, and error against a float64 run.
+
+:func:`report` runs a model on its inputs under autocast (or cast wholesale to one dtype) with
+hooks on every module and a :class:`mpguide.dtypes.Log` below them. Each op is counted in the
+innermost module being run; a backward op in the module whose forward op made its autograd
+node (autograd's sequence numbers say which). For every call of every module, in call order:
+
+- the dtypes of its tensor inputs and outputs, and of its own parameters;
+- the ops it ran itself (not in its submodules) and the dtype conversions among them, forward
+  and, with ``backward=True``, backward; under autocast, how many of those conversions autocast
+  added: those the same module call does not make in a run with autocast off (the definition
+  :mod:`mpguide.policy` uses for one op);
+- on a live device, against a float64 copy of the model run with autocast off on the same
+  inputs (floating inputs cast to float64), matched by module name and call index: the error
+  of its first floating input and of its output (``max |error| / mean |ref|``, the statistic of
+  :func:`mpguide.numerics.errors`, over every floating tensor of the output), the infinities
+  and NaNs it returned where the reference is finite, the values it returned as zero where
+  the reference is not, and the reference values beyond the largest finite value of the
+  low-precision format.
+
+:attr:`Report.first_nonfinite` is where a non-finite value first appears: the first module
+call to finish with an infinity or NaN where the reference has none, from a finite first
+input; :attr:`Report.first_jump` the first whose output error is
+:data:`JUMP` times its input error or more (an error below the format's unit roundoff counts
+as the unit roundoff). Modules run in eval mode, so dropout is off and both runs see the same
+function. On a simulated device (:func:`mpguide.device.target`) no kernel runs: the report has
+dtypes, ops and casts only, and says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from mpguide import MPGuideError, dtypes, error_line, graphs, numerics
+from mpguide import device as _device
+from mpguide.table import Table
+
+FORWARD, BACKWARD = "forward", "backward"
+JUMP = 10.0
+"""How many times its input's error a module's output error must be to count as a jump."""
+
+Key = tuple[str, int]
+"""A module call: the module's qualified name and which of its calls (0 for the first)."""
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """One call of one module: its dtypes, the ops and casts it ran, and (live) its error."""
+
+    name: str
+    kind: str
+    index: int
+    depth: int
+    inputs: tuple[torch.dtype, ...]
+    outputs: tuple[torch.dtype, ...]
+    params: tuple[torch.dtype, ...]
+    ops: int
+    casts: int
+    autocast_casts: int | None = None
+    backward_ops: int | None = None
+    backward_casts: int | None = None
+    backward_autocast_casts: int | None = None
+    input_error: numerics.ErrorStats | None = None
+    error: numerics.ErrorStats | None = None
+    inf: int | None = None
+    nan: int | None = None
+    to_zero: int | None = None
+    beyond_range: int | None = None
+    finished: int = 0
+    input_nonfinite: int | None = None
+
+    @property
+    def key(self) -> Key:
+        return self.name, self.index
+
+    @property
+    def label(self) -> str:
+        """The qualified name (``(root)`` for the model itself), with the call when not the
+        first (``layers.0.mlp, call 2``)."""
+        return _label(self.key)
+
+    @property
+    def nonfinite(self) -> int | None:
+        """Infinities and NaNs returned where the reference is finite (``None``: unknown)."""
+        return None if self.inf is None else self.inf + (self.nan or 0)
+
+
+def _label(key: Key) -> str:
+    name, index = key
+    return (name or "(root)") + (f", call {index + 1}" if index else "")
+
+
+def _floats(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _dtypes_of(value: Any) -> tuple[torch.dtype, ...]:
+    return tuple(dict.fromkeys(t.dtype for t in tree_leaves(value) if isinstance(t, torch.Tensor)))
+
+
+@dataclass
+class _Seen:
+    """A module call while a run records it."""
+
+    name: str
+    index: int
+    kind: str
+    depth: int
+    inputs: tuple[torch.dtype, ...]
+    outputs: tuple[torch.dtype, ...] = ()
+    finished: int = 0
+    ops: Counter = field(default_factory=Counter)
+    casts: dict[str, Counter] = field(
+        default_factory=lambda: {FORWARD: Counter(), BACKWARD: Counter()}
+    )
+
+    @property
+    def key(self) -> Key:
+        return self.name, self.index
+
+
+Hook = Callable[[_Seen, Any], None]
+
+
+class _Recorder(dtypes.Log):
+    """One run of a model: its module calls in call order, each with its dtypes and, per
+    phase, its ops and conversions; ``on_input`` and ``on_output`` see each call's arguments
+    and output."""
+
+    def __init__(self, model: torch.nn.Module, on_input: Hook | None, on_output: Hook | None):
+        super().__init__()
+        self.model, self.on_input, self.on_output = model, on_input, on_output
+        self.seen: list[_Seen] = []
+        self.stack: list[_Seen] = []
+        self._calls: Counter[str] = Counter()
+        self._finished = 0
+        self._paused = False
+        # Autograd numbers its nodes as the forward makes them: where each number range began,
+        # and the module call innermost then.
+        self._starts: list[int] = []
+        self._owners: list[_Seen | None] = []
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if self._paused:
+            return
+        super().record(func, args, kwargs, out)
+        node = torch._C._current_autograd_node()
+        if node is None:
+            phase, owner = FORWARD, self.stack[-1] if self.stack else None
+        else:
+            phase, owner = BACKWARD, self._owner(node._sequence_nr())
+        if owner is not None:
+            owner.ops[phase] += 1
+            pair = self.calls[-1].conversion
+            if pair is not None:
+                owner.casts[phase][pair] += 1
+
+    def _owner(self, sequence_nr: int) -> _Seen | None:
+        i = bisect_right(self._starts, sequence_nr) - 1
+        return self._owners[i] if i >= 0 else None
+
+    def _mark(self) -> None:
+        self._starts.append(torch._C._autograd._get_sequence_nr())
+        self._owners.append(self.stack[-1] if self.stack else None)
+
+    @contextmanager
+    def _pause(self) -> Iterator[None]:
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
+    def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> None:
+        with self._pause():
+            seen = _Seen(
+                name,
+                self._calls[name],
+                type(module).__name__,
+                len(self.stack),
+                _dtypes_of((args, kwargs)),
+            )
+            self._calls[name] += 1
+            self.seen.append(seen)
+            self.stack.append(seen)
+            self._mark()
+            if self.on_input is not None:
+                self.on_input(seen, (args, kwargs))
+
+    def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        with self._pause():
+            seen = self.stack.pop()
+            self._mark()
+            seen.outputs = _dtypes_of(output)
+            self._finished += 1
+            seen.finished = self._finished
+            if self.on_output is not None:
+                self.on_output(seen, output)
+
+    @contextmanager
+    def hooked(self) -> Iterator[_Recorder]:
+        """Hooks on every module of the model and this log active, inside the block."""
+        handles = []
+        try:
+            for name, module in self.model.named_modules():
+                handles.append(
+                    module.register_forward_pre_hook(
+                        lambda m, a, k, name=name: self._pre(m, a, k, name), with_kwargs=True
+                    )
+                )
+                handles.append(module.register_forward_hook(self._post, with_kwargs=True))
+            with self:
+                yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def by_key(self) -> dict[Key, _Seen]:
+        return {s.key: s for s in self.seen}
+
+
+@contextmanager
+def _eval(model: torch.nn.Module) -> Iterator[None]:
+    """Every module of ``model`` in eval mode inside the block, each restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _run(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    target: _device.Target,
+    autocast: torch.dtype | None,
+    backward: bool,
+    on_input: Hook | None = None,
+    on_output: Hook | None = None,
+) -> tuple[_Recorder, bool]:
+    """Run ``model`` once, recorded; returns the record and whether a backward pass ran."""
+    recorder = _Recorder(model, on_input, on_output)
+    ran_backward = False
+    with _eval(model), recorder.hooked():
+        with torch.set_grad_enabled(backward), _device.autocast(target, autocast):
+            out = model(*args, **kwargs)
+        if backward:
+            ran_backward = graphs.backward_once(out)
+    return recorder, ran_backward
+
+
+def _inputs(inputs: Any) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` from what a factory returned as inputs: one tensor, a tuple or list
+    of arguments, or a dict of keyword arguments."""
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, (tuple, list)):
+        args, kwargs = tuple(inputs), {}
+    elif isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
+        args, kwargs = (), dict(inputs)
+    else:
+        raise MPGuideError(
+            "inputs must be a tensor, a tuple or list of arguments, or a dict of keyword "
+            f"arguments, not {type(inputs).__name__}"
+        )
+    if not any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
+        raise MPGuideError("the inputs hold no tensor")
+    return args, kwargs
+
+
+def _cast_floats(value: Any, dtype: torch.dtype | None) -> Any:
+    if dtype is None:
+        return value
+    return tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+        value,
+    )
+
+
+class _Outputs:
+    """The low-precision run's values kept for the reference run: each call's output and
+    first floating input (an input that is an earlier output, unchanged, is kept once)."""
+
+    def __init__(self):
+        self.outputs: dict[Key, list[torch.Tensor]] = {}
+        self.inputs: dict[Key, torch.Tensor] = {}
+        self._kept: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+    def _keep(self, t: torch.Tensor) -> torch.Tensor:
+        seen = self._kept.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            return seen[2]
+        copy_ = t.detach().clone()
+        self._kept[id(t)] = (weakref.ref(t), t._version, copy_)
+        return copy_
+
+    def on_input(self, seen: _Seen, value: Any) -> None:
+        first = _floats(value)[:1]
+        if first:
+            self.inputs[seen.key] = self._keep(first[0])
+
+    def on_output(self, seen: _Seen, value: Any) -> None:
+        self.outputs[seen.key] = [self._keep(t) for t in _floats(value)]
+
+    def close(self) -> None:
+        """The run is over: each kept value is held only until it is compared."""
+        self._kept.clear()
+
+
+@dataclass
+class _Numbers:
+    input_error: numerics.ErrorStats | None = None
+    input_nonfinite: int | None = None
+    error: numerics.ErrorStats | None = None
+    inf: int | None = None
+    nan: int | None = None
+    to_zero: int | None = None
+    beyond_range: int | None = None
+
+
+def _flat(low: list[torch.Tensor], ref: list[torch.Tensor]):
+    """Both lists of tensors flattened into one float64 vector each; ``None`` where they do
+    not pair up (a different number or shapes of tensors) or hold no value."""
+    if [t.shape for t in low] != [t.shape for t in ref] or not sum(t.numel() for t in low):
+        return None
+    return tuple(torch.cat([t.detach().reshape(-1).double() for t in ts]) for ts in (low, ref))
+
+
+class _Compare:
+    """The reference run's hooks: each call's input and output against the kept values."""
+
+    def __init__(self, kept: _Outputs, largest: float):
+        self.kept, self.largest = kept, largest
+        self.numbers: dict[Key, _Numbers] = {}
+
+    def on_input(self, seen: _Seen, value: Any) -> None:
+        low = self.kept.inputs.pop(seen.key, None)
+        pair = _flat([low], _floats(value)[:1]) if low is not None else None
+        if pair is not None:
+            n = self.numbers.setdefault(seen.key, _Numbers())
+            n.input_error = numerics.errors(*pair)
+            n.input_nonfinite = int((~torch.isfinite(pair[0]) & torch.isfinite(pair[1])).sum())
+
+    def on_output(self, seen: _Seen, value: Any) -> None:
+        pair = _flat(self.kept.outputs.pop(seen.key, []), _floats(value))
+        if pair is None:
+            return
+        a, r = pair
+        finite = torch.isfinite(r)
+        n = self.numbers.setdefault(seen.key, _Numbers())
+        n.error = numerics.errors(a, r)
+        n.inf = int((torch.isinf(a) & finite).sum())
+        n.nan = int((torch.isnan(a) & finite).sum())
+        n.to_zero = int(((a == 0) & (r != 0)).sum())
+        n.beyond_range = int((finite & (r.abs() > self.largest)).sum())
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every module call of one model run, in call order, with its dtypes, casts and error."""
+
+    model: str
+    calls: tuple[ModuleCall, ...] = field(repr=False)
+    target: _device.Target
+    autocast: torch.dtype | None
+    dtype: torch.dtype | None
+    backward: bool
+    machine: _device.Machine
+    narrowed: tuple[Key, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def low(self) -> torch.dtype:
+        """The low-precision dtype of the run: autocast's, or the one the model was cast to."""
+        return self.autocast or self.dtype
+
+    @property
+    def simulated(self) -> bool:
+        return self.target.simulated
+
+    @property
+    def how(self) -> str:
+        return self.target.how
+
+    def __getitem__(self, key: str | Key) -> ModuleCall:
+        """The call of a module by qualified name (its first call) or ``(name, index)``."""
+        name, index = (key, 0) if isinstance(key, str) else key
+        for c in self.calls:
+            if c.name == name and c.index == index:
+                return c
+        raise KeyError(key)
+
+    def _finished(self) -> list[ModuleCall]:
+        return sorted(self.calls, key=lambda c: c.finished)
+
+    @property
+    def first_nonfinite(self) -> ModuleCall | None:
+        """Where a non-finite value first appears: the first module call to finish with an
+        infinity or NaN where the reference has none, its first floating input finite."""
+        return next((c for c in self._finished() if c.nonfinite and not c.input_nonfinite), None)
+
+    @property
+    def first_jump(self) -> ModuleCall | None:
+        """The first module call to finish whose output error is :data:`JUMP` times its
+        input error or more, each error at least the format's unit roundoff."""
+        floor = torch.finfo(self.low).eps / 2
+        for c in self._finished():
+            if c.error is None or c.input_error is None or c.nonfinite:
+                continue
+            if c.error.max_rel >= JUMP * max(c.input_error.max_rel, floor):
+                return c
+        return None
+
+    @property
+    def run(self) -> str:
+        """``autocast(cpu, bfloat16)`` or ``cast to float16``."""
+        if self.autocast is not None:
+            return f"autocast({self.target.device.type}, {dtypes.name(self.autocast)})"
+        return f"cast to {dtypes.name(self.dtype)}"
+
+    @property
+    def caption(self) -> str:
+        how = "simulated: " + self.how if self.simulated else self.how
+        return (
+            f"{self.model} module by module, {self.run}, {len(self.calls)} module calls, "
+            f"{self.machine.caption()}; {how}"
+        )
+
+    def findings(self) -> list[str]:
+        """Sentences on what the report found: the first non-finite value, the first jump in
+        error, where the reference itself ran narrower than float64."""
+        if self.simulated:
+            return [f"simulated ({self.how}): dtypes, ops and casts only, no errors"]
+        out = []
+        bad = self.first_nonfinite
+        if bad is not None:
+            out.append(
+                f"first non-finite output: {bad.label} ({bad.kind}): {bad.inf} inf and "
+                f"{bad.nan} NaN where the float64 reference is finite"
+            )
+        else:
+            out.append("no module returned inf or NaN where the float64 reference is finite")
+        jump = self.first_jump
+        if jump is not None:
+            out.append(
+                f"first jump in error: {jump.label} ({jump.kind}): max |error| / mean |ref| "
+                f"{jump.input_error.max_rel:.3g} in, {jump.error.max_rel:.3g} out"
+            )
+        else:
+            out.append(f"no module's error grew {JUMP:g} times or more from input to output")
+        if self.narrowed:
+            names = [_label(key) for key in self.narrowed[:3]]
+            out.append(
+                f"the float64 reference itself converted to a narrower dtype in "
+                f"{len(self.narrowed)} module calls ({', '.join(names)}"
+                f"{', ...' if len(self.narrowed) > 3 else ''}): there it is as precise as that "
+                "dtype only"
+            )
+        return out
+
+    def table(self, limit: int | None = None) -> Table:
+        """One row per module call in call order (the first ``limit`` of them); the notes
+        say what the columns mean, what the report found and how many rows are left out."""
+        low = dtypes.short(self.low)
+        columns = ["module", "type", "in", "out", "params", "ops", "casts"]
+        if self.autocast is not None:
+            columns.append("autocast casts")
+        if self.backward:
+            columns += ["bwd ops", "bwd casts"]
+            if self.autocast is not None:
+                columns.append("bwd autocast casts")
+        if not self.simulated:
+            columns += ["in err", "out err", "inf", "nan", "to zero", f"|ref| > {low} max"]
+        shown = self.calls if limit is None else self.calls[:limit]
+        rows = tuple(tuple(_cells(c, columns)) for c in shown)
+        notes = [*self.findings(), *self.notes, _legend(self)]
+        if len(shown) < len(self.calls):
+            notes.append(
+                f"... {len(self.calls) - len(shown)} more module calls not shown "
+                f"({len(shown)} of {len(self.calls)})"
+            )
+        return Table(tuple(columns), rows, self.caption, tuple(notes))
+
+    def __repr__(self) -> str:
+        return self.table().to_text()
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html()
+
+
+def differences(a: Report, b: Report) -> Table:
+    """The module calls whose input or output dtypes, ops or autocast casts differ between two
+    reports of one model (on two devices, say), matched by name and call; a call only one
+    report has is listed with blanks for the other."""
+    labels = [f"{_device.label(r.target.device.type, r.how)} {r.run}" for r in (a, b)]
+    if labels[0] == labels[1]:
+        labels = [f"{lab} ({i})" for i, lab in enumerate(labels, 1)]
+
+    def cells(c: ModuleCall | None) -> tuple:
+        if c is None:
+            return (None,) * 4
+        return _short(c.inputs), _short(c.outputs), c.ops, c.autocast_casts
+
+    mine, theirs = ({c.key: c for c in r.calls} for r in (a, b))
+    rows = []
+    for key in dict.fromkeys([*mine, *theirs]):
+        here, there = cells(mine.get(key)), cells(theirs.get(key))
+        if here != there:
+            label = (mine.get(key) or theirs[key]).label
+            rows.append((label, *here, *there))
+    columns = ("module", *(f"{k}, {lab}" for lab in labels for k in _COMPARED))
+    return Table(columns, tuple(rows), f"module calls that differ: {labels[0]} and {labels[1]}")
+
+
+_COMPARED = ("in", "out", "ops", "autocast casts")
+
+
+def _short(dts: tuple[torch.dtype, ...]) -> str:
+    return "+".join(dtypes.short(d) for d in dts)
+
+
+def _err(stats: numerics.ErrorStats | None) -> float | None:
+    return None if stats is None else stats.max_rel
+
+
+def _cells(c: ModuleCall, columns: list[str]) -> Iterator[Any]:
+    values = {
+        "module": c.label,
+        "type": c.kind,
+        "in": _short(c.inputs),
+        "out": _short(c.outputs),
+        "params": _short(c.params),
+        "ops": c.ops,
+        "casts": c.casts,
+        "autocast casts": c.autocast_casts,
+        "bwd ops": c.backward_ops,
+        "bwd casts": c.backward_casts,
+        "bwd autocast casts": c.backward_autocast_casts,
+        "in err": _err(c.input_error),
+        "out err": _err(c.error),
+        "inf": c.inf,
+        "nan": c.nan,
+        "to zero": c.to_zero,
+    }
+    for col in columns:
+        yield c.beyond_range if col.startswith("|ref| >") else values[col]
+
+
+def _legend(r: Report) -> str:
+    parts = [
+        "ops and casts: run by the module itself, not its submodules; casts: dtype conversions"
+    ]
+    if r.autocast is not None:
+        parts.append("autocast casts: those the same call does not make with autocast off")
+    if r.backward:
+        parts.append("bwd: the backward pass, with ones as output gradients")
+    if not r.simulated:
+        parts.append(
+            "err: max |error| / mean |ref| of the first floating input and of the output, "
+            "against a float64 copy of the model on the same inputs; inf, nan: returned "
+            "where the reference is finite; to zero: zero where the reference is not; "
+            f"|ref| > max: reference values beyond the largest finite {dtypes.name(r.low)}"
+        )
+    return "; ".join(parts)
+
+
+def report(
+    model: torch.nn.Module,
+    inputs: Any,
+    *,
+    autocast: torch.dtype | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    device: _device.Target | torch.device | str | None = None,
+    simulate: bool = False,
+    backward: bool = False,
+) -> Report:
+    """Run ``model`` on ``inputs`` (a tensor, a tuple or list of arguments, or a dict of
+    keyword arguments) under ``autocast`` (bfloat16 or float16; the default when no
+    ``dtype`` is given is bfloat16), or cast wholesale to ``dtype`` with its floating inputs,
+    on ``device`` (default :func:`mpguide.device.pick`; live where this machine has it,
+    simulated where it does not or ``simulate`` is true), and report every module call (see
+    the module's docstring). The model itself is left as it was: it is copied where it must be
+    cast or moved, and its modules' training flags are restored."""
+    if not isinstance(model, torch.nn.Module):
+        raise MPGuideError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
+    if autocast is not None and dtype is not None:
+        raise MPGuideError("give autocast or dtype, not both")
+    if dtype is None:
+        autocast = dtypes.autocast_dtype(torch.bfloat16 if autocast is None else autocast)
+    else:
+        dtype = dtypes.parse(dtype)
+    if dtype == torch.float64:
+        raise MPGuideError("the reference is float64 already; cast to a narrower dtype")
+    target = device if isinstance(device, _device.Target) else _device.target(device, simulate)
+    if backward and target.simulated and not _device.simulates_autograd(target.device.type):
+        raise MPGuideError(
+            f"no backward pass on a simulated {target.device.type}: torch {torch.__version__} "
+            "cannot run autograd there (a build with that device can)"
+        )
+    args, kwargs = _inputs(inputs)
+    low_model = model
+    if dtype is not None or (not target.simulated and _on_other_device(model, target)):
+        low_model = copy.deepcopy(model).to(device=_live(target), dtype=dtype)
+    low_inputs = _cast_floats((args, kwargs), dtype)
+    params = {
+        n: _dtypes_of(list(m.parameters(recurse=False))) for n, m in low_model.named_modules()
+    }
+
+    kept = None if target.simulated else _Outputs()
+    with _device.tensors(target, [low_model]):
+        a, k = _device.move(low_inputs, target)
+        run, ran_backward = _run(
+            low_model,
+            a,
+            k,
+            target,
+            autocast,
+            backward,
+            kept and kept.on_input,
+            kept and kept.on_output,
+        )
+        if kept is not None:
+            kept.close()
+        plain = None
+        if autocast is not None:
+            plain, _ = _run(low_model, a, k, target, None, backward)
+    notes = []
+    if backward and not ran_backward:
+        notes.append("no backward pass: nothing the output depends on requires grad")
+
+    numbers: dict[Key, _Numbers] = {}
+    narrowed: tuple[Key, ...] = ()
+    if kept is not None:
+        reference = copy.deepcopy(model).to(device=target.device, dtype=torch.float64)
+        a, k = _device.move(_cast_floats((args, kwargs), torch.float64), target)
+        compare = _Compare(kept, torch.finfo(autocast or dtype).max)
+        try:
+            ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
+        except Exception as err:
+            raise MPGuideError(
+                f"the float64 copy of the model raised {error_line(err)}: the reference needs "
+                "a model that runs in float64"
+            ) from err
+        numbers = compare.numbers
+        narrowed = tuple(
+            s.key for s in ref.seen if any(a == torch.float64 != b for a, b in s.casts[FORWARD])
+        )
+    plain_seen = plain.by_key() if plain is not None else {}
+    calls = tuple(
+        _module_call(s, plain_seen.get(s.key), numbers.get(s.key, _Numbers()), params, backward)
+        for s in run.seen
+    )
+    return Report(
+        type(model).__name__,
+        calls,
+        target,
+        autocast,
+        dtype,
+        backward,
+        target.describe(),
+        narrowed,
+        tuple(notes),
+    )
+
+
+def _module_call(
+    s: _Seen,
+    plain: _Seen | None,
+    num: _Numbers,
+    params: dict[str, tuple[torch.dtype, ...]],
+    backward: bool,
+) -> ModuleCall:
+    """One row of the report: a call of the autocast (or cast) run, with the plain run's
+    call of the same key to tell autocast's casts (``None`` in a run without autocast)."""
+
+    def casts(phase: str) -> int:
+        return sum(s.casts[phase].values())
+
+    def added(phase: str) -> int | None:
+        if plain is None:
+            return None
+        return sum((s.casts[phase] - plain.casts[phase]).values())
+
+    return ModuleCall(
+        name=s.name,
+        kind=s.kind,
+        index=s.index,
+        depth=s.depth,
+        inputs=s.inputs,
+        outputs=s.outputs,
+        params=params.get(s.name, ()),
+        ops=s.ops[FORWARD],
+        casts=casts(FORWARD),
+        autocast_casts=added(FORWARD),
+        backward_ops=s.ops[BACKWARD] if backward else None,
+        backward_casts=casts(BACKWARD) if backward else None,
+        backward_autocast_casts=added(BACKWARD) if backward else None,
+        input_error=num.input_error,
+        error=num.error,
+        inf=num.inf,
+        nan=num.nan,
+        to_zero=num.to_zero,
+        beyond_range=num.beyond_range,
+        finished=s.finished,
+        input_nonfinite=num.input_nonfinite,
+    )
+
+
+def _live(target: _device.Target) -> torch.device | None:
+    """Where a copy of the model goes: the target's device when live; a simulated run takes
+    the copy as it is (:func:`mpguide.device.tensors` fakes it)."""
+    return None if target.simulated else target.device
+
+
+def _on_other_device(model: torch.nn.Module, target: _device.Target) -> bool:
+    want = target.device
+    return any(
+        t.device.type != want.type or want.index not in (None, t.device.index)
+        for t in [*model.parameters(), *model.buffers()]
+    )

@@ -1,0 +1,212 @@
+import json
+import os
+import sys
+
+import pytest
+from conftest import mpguide_process
+
+from mpguide import device
+from mpguide.cli import main
+
+FACTORIES = """
+import sys
+
+import torch
+from torch import nn
+
+
+class Scale(nn.Module):
+    def forward(self, x):
+        return x * 1e5
+
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), torch.randn(4, 8)
+
+
+def overflows():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), Scale(), nn.Linear(8, 8)), torch.randn(4, 8)
+
+
+def raises():
+    raise ValueError("the reader's bug")
+
+
+def exits():
+    sys.exit(3)
+
+
+def not_a_pair():
+    return 42
+
+
+def text_inputs():
+    return nn.Linear(2, 2), "hello"
+
+
+def wrong_shape():
+    return nn.Linear(8, 2), torch.randn(4, 3)
+
+
+def model_exits():
+    class Quits(nn.Module):
+        def forward(self, x):
+            sys.exit(4)
+
+    return Quits(), torch.ones(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reader")
+    (path / "factories.py").write_text(FACTORIES)
+    (path / "raises_on_import.py").write_text("raise RuntimeError('no GPU here')\n")
+    (path / "exits_on_import.py").write_text("import sys\nsys.exit(5)\n")
+    return path
+
+
+def _run(folder, *args):
+    return mpguide_process("model", *args, cwd=folder)
+
+
+def test_text_names_every_module_call_and_the_findings(folder):
+    proc = _run(folder, "factories.py:make")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Sequential module by module, autocast(")
+    assert device.LIVE in lines[0]
+    assert [ln.split()[0] for ln in lines[3:7]] == ["(root)", "0", "1", "2"]
+    assert "no module returned inf or NaN where the float64 reference is finite" in proc.stdout
+
+
+def test_a_package_module_spec_and_json(folder):
+    proc = _run(folder, "factories:make", "--format", "json", "--backward", "--dtype", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    rows = {r["module"]: r for r in doc["rows"]}
+    assert rows["0"]["out"] == "bf16" and rows["0"]["params"] == "bf16"
+    assert rows["0"]["bwd ops"] > 0 and rows["(root)"]["out err"] > 0
+    assert "cast to bfloat16" in doc["caption"]
+
+
+def test_fp16_overflow_is_named(folder):
+    proc = _run(folder, "factories.py:overflows", "--autocast", "float16", "--format", "markdown")
+    assert proc.returncode == 0, proc.stderr
+    assert "first non-finite output: 1 (Scale)" in proc.stdout
+    assert proc.stdout.startswith("**Sequential module by module, autocast(")
+
+
+def test_limit_says_how_many_more_and_csv_puts_the_notes_on_stderr(folder):
+    proc = _run(folder, "factories.py:make", "--limit", "2", "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("module,type,in,out,params,ops,casts")
+    assert len(proc.stdout.splitlines()) == 3
+    assert "mpguide: note: ... 2 more module calls not shown (2 of 4)" in proc.stderr
+    text = _run(folder, "factories.py:make", "--limit", "1")
+    assert text.stdout.splitlines()[-1] == "... 3 more module calls not shown (1 of 4)"
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "json", "csv"])
+def test_a_simulated_device_says_so_in_every_format(folder, fmt):
+    proc = _run(folder, "factories.py:make", "--device", "cuda", "--simulate", "--format", fmt)
+    assert proc.returncode == 0, proc.stderr
+    assert device.SIMULATED in proc.stdout + proc.stderr
+    assert "out err" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["factories.py"], "give FILE.py:NAME or package.module:NAME, got 'factories.py'"),
+        (["missing.py:make"], "no file 'missing.py'"),
+        (["no_such_module_here:make"], "cannot import 'no_such_module_here'"),
+        (["factories.py:nope"], "factories.py has no function 'nope'"),
+        (["raises_on_import.py:f"], "importing raises_on_import.py raised RuntimeError: no GPU"),
+        (["exits_on_import:f"], "importing exits_on_import raised SystemExit(5)"),
+        (["factories.py:raises"], "calling factories.py:raises raised ValueError: the reader's"),
+        (["factories.py:exits"], "calling factories.py:exits raised SystemExit(3)"),
+        (["factories.py:not_a_pair"], "must return (model, inputs), got int"),
+        (["factories.py:text_inputs"], "inputs must be a tensor"),
+        (
+            ["factories.py:wrong_shape"],
+            "running the model of factories.py:wrong_shape on its inputs raised RuntimeError",
+        ),
+        (["factories.py:model_exits"], "on its inputs raised SystemExit(4)"),
+        (["factories.py:make", "--autocast", "fp32"], "--autocast: autocast takes"),
+        (["factories.py:make", "--dtype", "fp64"], "float64 already"),
+        (["factories.py:make", "--autocast", "fp16", "--dtype", "bf16"], "not allowed with"),
+        (["factories.py:make", "--limit", "-1"], "--limit must be 0"),
+        (["factories.py:make", "--device", "tpu"], "unknown device 'tpu'"),
+    ],
+)
+def test_refused_input_is_one_line_and_status_2(folder, args, message, capsys, monkeypatch):
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "path", [str(folder), *sys.path])
+    assert main(["model", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("mpguide: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+def test_the_readers_exit_status_does_not_end_the_process(folder):
+    proc = _run(folder, "factories.py:exits")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "mpguide: error: calling factories.py:exits raised SystemExit(3)\n"
+
+
+# -- a transformers model, under model and graph -----------------------------------------------
+
+QWEN = """
+import torch
+import transformers
+
+torch.manual_seed(0)
+config = transformers.Qwen2Config(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2,
+)
+model = transformers.Qwen2ForCausalLM(config)
+
+
+def make():
+    return model, {"input_ids": torch.randint(0, 64, (2, 16)), "use_cache": False}
+
+
+def logits(ids):
+    return model(ids).logits
+"""
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("hf")
+    (path / "qwen.py").write_text(QWEN)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the processes: nothing is downloaded
+    return path
+
+
+def test_model_runs_a_transformers_model_live_and_simulated(qwen):
+    live = json.loads(_run(qwen, "qwen.py:make", "--format", "json").stdout)
+    rows = {r["module"]: r for r in live["rows"]}
+    assert rows["model.layers.1.mlp.down_proj"]["out"] == "bf16"
+    assert rows["model.norm"]["out"] == "f32" and rows["(root)"]["out err"] > 0
+    sim = _run(qwen, "qwen.py:make", "--device", "cuda", "--simulate", "--autocast", "fp16")
+    assert sim.returncode == 0, sim.stderr
+    assert "model.layers.1.self_attn.o_proj" in sim.stdout and device.SIMULATED in sim.stdout
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda"])
+def test_graph_traces_a_transformers_model_on_any_device(qwen, dev):
+    proc = mpguide_process(
+        "graph", "qwen.py:logits", "--inputs", "i64[2,64]", "--device", dev,
+        "--autocast", "bf16", "--format", "json", cwd=qwen,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["device"] == dev and doc["obtained"] == device.SIMULATED
+    flow = doc["graphs"]["forward"]["flow"]
+    assert any(r["in"] == "f32" and r["out"] == "bf16" and "q_proj" in r["user code"] for r in flow)
