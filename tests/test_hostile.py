@@ -125,9 +125,9 @@ def test_the_decompressed_size_is_capped_and_the_cap_can_be_raised(tmp_path):
     bomb.write_bytes(gzip_members((b"[", 1), (events, 256), (b'{"ph":"X"}]', 1)))  # 256 MiB
     refused(capped(tmp_path, "casts", str(bomb), "--max-bytes", "16M"), "16 MiB", "--max-bytes")
     small = tmp_path / "small.json.gz"
-    small.write_bytes(gzip_members((b"[", 1), (events, 20), (b'{"ph":"X"}]', 1)))  # 20 MiB
-    refused(capped(tmp_path, "tree", str(small), "--max-bytes", "16M"), "16 MiB")
-    raised = capped(tmp_path, "casts", str(small), "--max-bytes", "32M", "--by", "cause")
+    small.write_bytes(gzip_members((b"[", 1), (events, 6), (b'{"ph":"X"}]', 1)))  # 6 MiB
+    refused(capped(tmp_path, "tree", str(small), "--max-bytes", "4M"), "4 MiB")
+    raised = capped(tmp_path, "casts", str(small), "--max-bytes", "8M", "--by", "cause")
     assert raised.returncode == 0, raised.stderr.decode()[-3000:]
 
 
@@ -148,10 +148,21 @@ def test_the_read_buffer_is_bounded_when_no_event_boundary_comes(tmp_path, fille
     refused(capped(tmp_path, "casts", str(bomb)), "no event boundary")
 
 
-def test_running_out_of_memory_is_one_line(tmp_path):
-    path = tmp_path / "tiny.json"
-    path.write_bytes(b"[" + TINY * (40 * MiB // len(TINY)) + b'{"ph":"X"}]')
-    refused(capped(tmp_path, "casts", str(path), mem_mb=300), "out of memory")
+def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
+    # Events with args, so that memory runs out in numpy or a bytes object: msgspec 0.22
+    # crashes when an allocation fails while it decodes many small structs.
+    event = b'{"ph":"X","name":"a","ts":1,"dur":1,"args":{"s":"%s"}},' % (b"x" * 350)
+    path = tmp_path / "fat.json"
+    path.write_bytes(b"[" + event * (60 * MiB // len(event)) + b'{"ph":"X"}]')
+    refused(capped(tmp_path, "tree", str(path), "--limit", "1", mem_mb=170), "out of memory")
+    small = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr("mpguide.calltree.build", exhausted)
+    assert main(["casts", small]) == 2
+    one_line(capsys, "out of memory")
 
 
 def test_bad_cap_values_are_one_line(tmp_path, capsys):
@@ -168,11 +179,20 @@ def test_bad_cap_values_are_one_line(tmp_path, capsys):
 def test_deep_nesting_is_one_line(tmp_path, capsys, nest):
     deep = "[" * 1000 + "]" * 1000 if nest == "list" else '{"a":' * 1000 + "1" + "}" * 1000
     path = tmp_path / "deep.json"
-    path.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": {"x": %s}}]}' % deep)
+    event = '{"ph": "X", "ts": 1, "dur": 1, "args": {"x": ' + deep + "}}"
+    path.write_text('{"traceEvents": [' + event + "]}")
     assert path.stat().st_size < 8000
     for command in ("tree", "casts"):
         assert main([command, str(path)]) == 2
         one_line(capsys, "nested too deeply")
+
+
+def test_a_tree_too_deep_for_json_is_one_line(tmp_path, capsys):
+    path = write_trace(tmp_path / "chain.json", *[op("a", 1.0, 1.0)] * 1500)  # nest in a chain
+    assert main(["tree", path, "--format", "json"]) == 2
+    one_line(capsys, "--depth")
+    assert main(["tree", path, "--format", "json", "--depth", "50"]) == 0
+    assert json.loads(capsys.readouterr().out)["shown"] == 51
 
 
 # Strict JSON
@@ -182,7 +202,9 @@ def test_json_output_is_strict(tmp_path, capsys):
     cast = {"Input type": ["c10::BFloat16", "float"]}
     huge = {**cast, "Input Dims": [[2**62] * 17, []]}  # more elements than a float can count
     path = write_trace(
-        tmp_path / "t.json", op("aten::copy_", 1.0, 1.0, **huge), op("aten::copy_", 3.0, 1.0, **huge)
+        tmp_path / "t.json",
+        op("aten::copy_", 1.0, 1.0, **huge),
+        op("aten::copy_", 3.0, 1.0, **huge),
     )
 
     def refuse(constant):
@@ -191,7 +213,10 @@ def test_json_output_is_strict(tmp_path, capsys):
     for by in ("cast", "cause", "pair"):
         assert main(["casts", path, "--format", "json", "--by", by]) == 0
         rows = json.loads(capsys.readouterr().out, parse_constant=refuse)["rows"]
-        assert len(rows) == 1 and rows[0]["casts" if by != "cast" else "cpu us"] in (2, 1.0)
+        if by == "cast":
+            assert [(r["shape"], r["bytes read"]) for r in rows] == [(None, None)] * 2
+        else:
+            assert [r["casts"] for r in rows] == [2]
 
 
 def test_a_model_whose_fp16_outputs_overflow_gives_strict_json(tmp_path, monkeypatch, capsys):
@@ -361,7 +386,10 @@ def test_input_types_that_are_not_strings_are_unknown(tmp_path, capsys):
     )
     assert main(["casts", path, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [(r["source"], r["target"]) for r in rows] == [("float32", "bfloat16")]
+    assert sorted((r["source"], r["target"]) for r in rows) == [
+        ("float32", "?"),
+        ("float32", "bfloat16"),
+    ]
 
 
 @pytest.fixture

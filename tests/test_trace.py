@@ -432,7 +432,7 @@ def test_a_boundary_inside_args_is_passed_over(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "parse", lambda *a: decoded.append(len(a[0])) or parse(*a))
     with trace._filler(path) as read:
         same_trace(trace._streamed(read, b"", b"", str(path)), whole)
-    assert len(decoded) > 10 and max(decoded) < 20_000
+    assert len(decoded) > 100 and max(decoded) < 2 * 1000  # cut before the false boundaries
 
 
 class Counted(gzip.GzipFile):
