@@ -3,7 +3,9 @@
 Every subcommand is a function ``_NAME(args)`` registered in :func:`parser`. Bad input ends
 with one line on stderr and exit status 2, never a traceback; so do running out of memory
 and an output that cannot be written. Ctrl-C ends with one line and status 130, SIGTERM and
-SIGHUP with one line and 128 + the signal, after the command's own clean-up has run.
+SIGHUP with one line and 128 + the signal, after the command's own clean-up has run; a
+reader of the output that stops reading (``| head``) ends it quietly with 141, as a pipe
+would.
 """
 
 from __future__ import annotations

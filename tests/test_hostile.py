@@ -438,6 +438,18 @@ def test_a_full_disk_is_one_line(tmp_path):
     refused(proc, "cannot write the output", "No space left on device")
 
 
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
+    path = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
+
+    class Closed(io.StringIO):  # a pipe whose reader has gone, as after `| head`
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert main(["tree", path]) == 141
+    assert capsys.readouterr().err == ""
+
+
 def test_a_symbolic_link_loop_is_named(tmp_path, capsys):
     (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
     (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
