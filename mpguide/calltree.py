@@ -16,7 +16,8 @@ nodes are :class:`Node`); :meth:`mpguide.trace.Trace.tree` calls it.
 
 Every other case has a defined place and is counted in :class:`Anomalies`: an event that
 overlaps its parent without nesting stays under the parent it starts in; identical intervals
-nest in file order; an event without ``ts`` or ``dur`` is left out of the tree; bytes that are
+nest in file order; an event without ``ts`` or ``dur`` is left out of the tree (a negative
+``dur``, or a time past :data:`MAX_US`, is an error naming the event); bytes that are
 not UTF-8 were replaced by U+FFFD when the trace was read. An id shared by launches of
 several processes (a merged trace of several ranks) links a GPU event to the launch in its
 own process, else in the process its unambiguous links pair it with, else to none: a GPU
@@ -41,6 +42,7 @@ import numpy as np
 
 from mpguide import MPGuideError
 from mpguide.columns import codes, matching
+from mpguide.table import escape_controls
 
 if TYPE_CHECKING:
     from mpguide.trace import Event, Trace
@@ -191,6 +193,22 @@ class Node:
         return f"Node({self.id}, {self.name!r}, {self.cat}, {self.dur:.3f} us)"
 
 
+MAX_US = 2.0**62 / 1000
+"""The latest time, in microseconds either side of zero, that nests: twice it in integer
+nanoseconds fits in an int64."""
+
+
+def _bad_time(trace: Trace, i: int) -> MPGuideError:
+    """The error for event ``i``, whose time is negative or out of :data:`MAX_US`."""
+    ts, dur = float(trace.ts[i]), float(trace.dur[i])
+    if dur < 0:
+        what = f"negative dur ({dur:g} us)"
+    else:
+        field, value = ("ts", ts) if abs(ts) > MAX_US else ("ts + dur", ts + dur)
+        what = f"{field} {value:g} us is beyond ±{MAX_US:.3g} us, the times this reader nests"
+    return MPGuideError(f"{trace.source or 'trace'}: event {i} ({trace.name.value(i)!r}): {what}")
+
+
 def _absolute_ns(ts: np.ndarray) -> np.ndarray:
     """Finite microsecond times in integer nanoseconds.
 
@@ -323,14 +341,15 @@ class Tree:
 
         ``fields`` are ``args`` entries shown after the name; ``depth`` limits the levels
         shown below each root; GPU events are shown only with ``gpu=True``; ``limit`` caps
-        the nodes shown, depth first (:meth:`count` says how many there are).
+        the nodes shown, depth first (:meth:`count` says how many there are). Control
+        characters in names and fields are escaped, so that one line is one node.
         """
         lines: list[str] = []
         for title, node, branch, _ in islice(self._shown(root, depth, gpu), limit):
             if title:
-                lines.append(title)
+                lines.append(escape_controls(title))
             shown = [f"{f}: {_compact(v)}" for f, v in _fields(node, fields).items()]
-            lines.append(f"{branch}{'  '.join([node.name, *shown])}")
+            lines.append(escape_controls(f"{branch}{'  '.join([node.name, *shown])}"))
         return "\n".join(lines)
 
     def nested(
@@ -695,8 +714,9 @@ def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tr
     rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int64)[cat]
     timed = ~(np.isnan(trace.ts) | np.isnan(trace.dur))
     ts, dur = np.where(timed, trace.ts, 0.0), np.where(timed, trace.dur, 0.0)
-    if not (np.isfinite(ts).all() and np.isfinite(dur).all() and (dur >= 0).all()):
-        raise MPGuideError(f"{trace.source or 'trace'}: an event has a non-finite or negative time")
+    bad = ~((np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US))
+    if bad.any():
+        raise _bad_time(trace, int(np.flatnonzero(bad)[0]))
     absolute = _absolute_ns(ts)
     base = int(absolute[timed].min()) if timed.any() else 0
     start = absolute - base

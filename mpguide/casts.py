@@ -172,11 +172,13 @@ def _describe(name: str, entries: bytes) -> _Described:
         src, dst = _at(types_, 0), _scalar_type(code) if isinstance(code, str) and code else None
     else:
         src = dst = None
-    pair = (dtype_of(src) if src else UNKNOWN), (dtype_of(dst) if dst else UNKNOWN)
+    pair = tuple(dtype_of(t) if t and isinstance(t, str) else UNKNOWN for t in (src, dst))
     try:
         shape = None if first_dims is None else msgspec.convert(first_dims, tuple[int, ...])
     except msgspec.ValidationError:
         shape = None
+    if shape is not None and not (min(shape, default=0) >= 0 and math.prod(shape) < 2**63):
+        shape = None  # no tensor has it: a negative size, or more elements than int64 counts
     return pair, shape
 
 

@@ -1,18 +1,26 @@
 """``python -m mpguide``: the guide's probes on the reader's machine and traces.
 
 Every subcommand is a function ``_NAME(args)`` registered in :func:`parser`. Bad input ends
-with one line on stderr and exit status 2, never a traceback.
+with one line on stderr and exit status 2, never a traceback; so do running out of memory
+and an output that cannot be written. Ctrl-C ends with one line and status 130, SIGTERM and
+SIGHUP with one line and 128 + the signal, after the command's own clean-up has run; a
+reader of the output that stops reading (``| head``) ends it quietly with 141, as a pipe
+would.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from mpguide import MPGuideError, __version__, error_line
-from mpguide.table import FORMATS
+from mpguide.table import FORMATS, escape_controls
 
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
 
@@ -37,18 +45,51 @@ def _formats(args: argparse.Namespace) -> str:
     return formats.table().render(args.format)
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+
+
+def _byte_size(text: str) -> int:
+    """``--max-bytes``: bytes, or K, M, G, T (binary units): ``4G``, ``512MiB``, ``1.5G``."""
+    found = _SIZE.fullmatch(text.strip())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"give a size such as 4G, 512M or 1000000, not {text!r}")
+    return int(float(found[1]) * 1024 ** " KMGT".index(found[2].upper() or " "))
+
+
+def _add_max_bytes(s: argparse.ArgumentParser) -> None:
+    from mpguide.trace import MAX_BYTES, size_text
+
+    s.add_argument(
+        "--max-bytes",
+        type=_byte_size,
+        metavar="SIZE",
+        help="refuse a trace larger than SIZE once decompressed, such as 8G "
+        f"(default {size_text(MAX_BYTES).replace(' ', '')}; 0 for no cap)",
+    )
+
+
+def _load(args: argparse.Namespace, args_of=None):
+    """The trace that ``args`` names (``-`` for stdin), under the cap ``--max-bytes``."""
+    from mpguide import trace
+
+    cap = trace.MAX_BYTES if args.max_bytes is None else args.max_bytes or None
+    if args.trace != "-":
+        return trace.load(args.trace, args_of=args_of, max_bytes=cap)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise MPGuideError("no trace on stdin, which is a terminal: pipe one in or name a file")
+    return trace.load(sys.stdin.buffer, args_of=args_of, max_bytes=cap)
+
+
 def _tree(args: argparse.Namespace) -> str:
     import dataclasses
 
     import msgspec
 
-    from mpguide import trace
-
     if args.depth is not None and args.depth < 0:
         raise MPGuideError(f"--depth must be 0 or more, got {args.depth}")
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
-    tree = trace.load(args.trace).tree(python=args.python)
+    tree = _load(args).tree(python=args.python)
     if args.id is not None:
         roots = tree.find(id=args.id)
     elif args.op is not None:
@@ -70,7 +111,12 @@ def _tree(args: argparse.Namespace) -> str:
             "total": total,
             "anomalies": dataclasses.asdict(tree.anomalies),
         }
-        return msgspec.json.encode(doc).decode()
+        try:
+            return msgspec.json.encode(doc).decode()
+        except RecursionError:
+            raise MPGuideError(
+                "the tree nests too deeply for JSON; show fewer levels with --depth"
+            ) from None
     lines = [tree.render(roots, fields=fields, limit=limit, **shape)]
     if shown < total:
         lines.append(
@@ -81,9 +127,9 @@ def _tree(args: argparse.Namespace) -> str:
 
 
 def _casts(args: argparse.Namespace) -> str:
-    from mpguide import casts, trace
+    from mpguide import casts
 
-    tree = trace.load(args.trace, args_of=casts.needs_args).tree()
+    tree = _load(args, casts.needs_args).tree()
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
     report = casts.report(tree)
@@ -246,8 +292,10 @@ def _graph(args: argparse.Namespace) -> str:
         )
     try:
         low = None if args.autocast is None else dtypes.autocast_dtype(args.autocast)
-    except MPGuideError as err:
-        raise MPGuideError(f"--{err}") from None
+    except MPGuideError:
+        raise MPGuideError(
+            f"--autocast takes bfloat16 or float16 (bf16, fp16), got {args.autocast!r}"
+        ) from None
     with device.tensors(target, graphs.modules_of(fn)):
         inputs = graphs.inputs(args.inputs, target.device, requires_grad=args.backward)
         try:
@@ -328,7 +376,8 @@ def parser() -> argparse.ArgumentParser:
         description="Print the call tree of a chrome trace (.json or .json.gz) from "
         "torch.profiler, with the anomalies met while nesting it.",
     )
-    s.add_argument("trace", help="path to the trace")
+    s.add_argument("trace", help="path to the trace (.json or .json.gz), or - for stdin")
+    _add_max_bytes(s)
     which = s.add_mutually_exclusive_group()
     which.add_argument("--op", help="show only the subtrees of the ops with this name")
     which.add_argument("--id", type=int, help="show only the subtree of the event with this id")
@@ -362,7 +411,8 @@ def parser() -> argparse.ArgumentParser:
         description="Report every dtype cast in a chrome trace from torch.profiler: the op "
         "that caused it, source and target dtype, bytes, CPU and GPU time.",
     )
-    s.add_argument("trace", help="path to the trace (.json or .json.gz)")
+    s.add_argument("trace", help="path to the trace (.json or .json.gz), or - for stdin")
+    _add_max_bytes(s)
     s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.add_argument(
         "--by",
@@ -399,12 +449,12 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "graph",
-        help="print the graphs torch.compile would hand a backend, on any device, running nothing",
+        help="print the graphs torch.compile would hand a backend, on any device, no kernel run",
         description="Trace your function with Dynamo and AOTAutograd for a backend and print "
         "the forward (and backward) graph with each node's dtype and shape, then where the "
         "dtype changes. The device is simulated with fake tensors from this build's dispatch "
         "rules, so no kernel runs and any device this build has autocast for can be shown; "
-        "every output says so.",
+        "every output says so. FILE.py is imported, so its top-level code runs.",
     )
     s.add_argument(
         "function",
@@ -493,13 +543,76 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Ended(BaseException):
+    """A signal that ends the command, raised where the program is, so that its clean-up
+    runs (the trace reader kills its worker)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_end_the_command() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`_Ended` while the command runs (in the main thread,
+    the only one that can handle signals); the handlers before are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def end(signum, frame):
+        raise _Ended(signum)
+
+    ending = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    before = {s: signal.getsignal(s) for s in ending}
+    try:
+        for s in ending:
+            signal.signal(s, end)
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def _said(line: str, status: int) -> int:
+    print(f"mpguide: {escape_controls(line)}", file=sys.stderr)
+    return status
+
+
+def _drop_stdout() -> None:
+    """Send what stdout still holds to /dev/null, so that exiting does not fail on it."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass  # not a file (a test's capture): nothing is flushed at exit
+
+
+def _write(out: str) -> int:
+    try:
+        sys.stdout.write(out if out.endswith("\n") else out + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # whoever read the output stopped reading: end as a pipe would
+        _drop_stdout()
+        return 128 + 13
+    except OSError as err:
+        _drop_stdout()
+        return _said(f"error: cannot write the output: {err}", 2)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     try:
-        args = parser().parse_args(argv)
-        out = args.run(args)
+        with _signals_end_the_command():
+            args = parser().parse_args(argv)
+            return _write(args.run(args))
     except (MPGuideError, OSError) as err:
-        print(f"mpguide: error: {err}", file=sys.stderr)
-        return 2
-    sys.stdout.write(out if out.endswith("\n") else out + "\n")
-    return 0
+        return _said(f"error: {err}", 2)
+    except MemoryError:
+        return _said("error: out of memory: this input needs more than the process may take", 2)
+    except KeyboardInterrupt:
+        return _said("interrupted", 128 + signal.SIGINT)
+    except _Ended as end:
+        return _said(f"terminated by {signal.Signals(end.signum).name}", 128 + end.signum)

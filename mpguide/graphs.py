@@ -15,6 +15,7 @@ Running and measuring backends is :mod:`mpguide.backends`; what ``TORCH_LOGS`` s
 
 from __future__ import annotations
 
+import math
 import re
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -229,7 +230,7 @@ def eager_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Table:
 
 # -- capture ---------------------------------------------------------------------------------
 
-_SPEC = re.compile(r"^([a-z]+\d+)\[([\d,\s]*)\]$")
+_SPEC = re.compile(r"([a-z]+\d+)\[(\d+(?:,\d+)*)?\]")
 
 
 def inputs(specs: Sequence[str], dev: torch.device | str, requires_grad: bool = False) -> tuple:
@@ -239,13 +240,15 @@ def inputs(specs: Sequence[str], dev: torch.device | str, requires_grad: bool = 
     by_name = {v: k for k, v in dtypes.SHORT.items()}
     made = []
     for spec in specs:
-        m = _SPEC.match(spec.replace(" ", ""))
+        m = _SPEC.fullmatch(spec.replace(" ", ""))
         if not m or m[1] not in by_name:
             raise MPGuideError(
                 f"bad input {spec!r}: write DTYPE[SHAPE] such as bf16[32,7,1,8], with DTYPE one "
                 f"of {', '.join(by_name)}"
             )
-        dtype, shape = by_name[m[1]], [int(d) for d in m[2].split(",") if d]
+        dtype, shape = by_name[m[1]], [int(d) for d in m[2].split(",")] if m[2] else []
+        if math.prod(shape) * dtype.itemsize >= 2**63:
+            raise MPGuideError(f"bad input {spec!r}: too large, a tensor holds under 2**63 bytes")
         if dtype.is_floating_point:
             t = torch.randn(shape, device=dev).to(dtype).requires_grad_(requires_grad)
         else:

@@ -1,10 +1,17 @@
-"""One table type for every result: text, markdown, HTML, JSON and CSV renderings."""
+"""One table type for every result: text, markdown, HTML, JSON and CSV renderings.
+
+Text and markdown show control characters escaped (:func:`escape_controls`), so that names
+from a trace cannot drive the terminal or forge rows; JSON is strict, with ``null`` for
+non-finite numbers.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,6 +19,31 @@ from html import escape
 from typing import Any
 
 FORMATS = ("table", "markdown", "json", "csv")
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 control characters, line and paragraph separators, and the bidirectional
+overrides: what moves a terminal's cursor, sets its title or colours, breaks or reorders text."""
+
+
+def _escaped(found: re.Match) -> str:
+    code = ord(found[0])
+    return {10: "\\n", 13: "\\r", 9: "\\t"}.get(code) or (
+        f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    )
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with each control character written as its Python escape (``\\x1b``,
+    ``\\n``): safe to print on a terminal, and one line."""
+    return _CONTROLS.sub(_escaped, text)
+
+
+def _safe(texts: list[str]) -> list[str]:
+    """:func:`escape_controls` of each text; the list as it is when none has a control
+    character (checked in one pass)."""
+    if not _CONTROLS.search("".join(texts)):
+        return texts
+    return list(map(escape_controls, texts))
 
 
 def _is_dtype(value: Any) -> bool:
@@ -50,8 +82,11 @@ def _cells(values: Sequence[Any]) -> list[str]:
 
 
 def _plain(value: Any) -> Any:
+    """``value`` as JSON takes it: a dtype by name, a non-finite number as ``None``."""
     if _is_dtype(value):
         return cell(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
@@ -87,26 +122,27 @@ class Table:
         return Table(self.columns, rows, self.caption, self.notes)
 
     def to_text(self) -> str:
-        cells = [_cells(column) for column in zip(*self.rows, strict=True)] or [
+        cells = [_safe(_cells(column)) for column in zip(*self.rows, strict=True)] or [
             [] for _ in self.columns
         ]
-        widths = [max([len(c), *map(len, col)]) for c, col in zip(self.columns, cells, strict=True)]
+        columns = _safe(list(self.columns))
+        widths = [max([len(c), *map(len, col)]) for c, col in zip(columns, cells, strict=True)]
         row = "  ".join(f"{{:<{w}}}" for w in widths).format
-        out = [self.caption] if self.caption else []
-        out += [row(*self.columns).rstrip(), "  ".join("-" * w for w in widths)]
+        out = [escape_controls(self.caption)] if self.caption else []
+        out += [row(*columns).rstrip(), "  ".join("-" * w for w in widths)]
         out += [line.rstrip() for line in map(row, *cells)]
-        out += list(self.notes)
+        out += _safe(list(self.notes))
         return "\n".join(out)
 
     def to_markdown(self) -> str:
         def esc(s: str) -> str:
-            return s.replace("|", "\\|").replace("\n", " ")
+            return escape_controls(s).replace("|", "\\|")
 
-        out = [f"**{self.caption}**", ""] if self.caption else []
+        out = [f"**{escape_controls(self.caption)}**", ""] if self.caption else []
         out.append("| " + " | ".join(esc(c) for c in self.columns) + " |")
         out.append("|" + "---|" * len(self.columns))
         out += ["| " + " | ".join(esc(cell(v)) for v in row) + " |" for row in self.rows]
-        out += ["", *self.notes] if self.notes else []
+        out += ["", *map(escape_controls, self.notes)] if self.notes else []
         return "\n".join(out)
 
     def to_html(self) -> str:
@@ -130,6 +166,7 @@ class Table:
                 "rows": [{k: _plain(v) for k, v in r.items()} for r in self.records()],
             },
             indent=2,
+            allow_nan=False,
         )
 
     def to_csv(self) -> str:

@@ -1,12 +1,14 @@
 """Read chrome traces exported by ``torch.profiler``.
 
-:func:`load` reads a ``.json`` or ``.json.gz`` trace a few megabytes at a time with a typed
-decoder into one array per field (:class:`Trace`); each event's ``args`` stay undecoded
-bytes until a node's fields are asked for, and ``args_of`` keeps only those a tool reads. A
-large plain ``.json`` is cut at an event boundary near its middle and the two parts are read
-at once, here and in a worker process. When a part does not decode piece by piece (an event
-boundary was found inside an event's ``args``), the file is decoded in one piece: the same
-trace, with the memory of the whole document. Bytes that are not UTF-8 are replaced by
+:func:`load` reads a ``.json`` or ``.json.gz`` trace, or a stream, a few megabytes at a time
+with a typed decoder into one array per field (:class:`Trace`); each event's ``args`` stay
+undecoded bytes until a node's fields are asked for, and ``args_of`` keeps only those a tool
+reads. A large plain ``.json`` is cut at an event boundary near its middle and the two parts
+are read at once, here and in a worker process. Every byte is read once, and memory stays
+bounded on any input: a document is refused when it does not start with ``{`` or ``[``,
+when it is larger than a cap (:data:`MAX_BYTES` by default, decompressed), when no event
+boundary comes in a few pieces, or when it nests deeper than the decoder goes; a boundary
+found inside an event's ``args`` is passed over. Bytes that are not UTF-8 are replaced by
 U+FFFD and counted. :meth:`Trace.tree` nests the events into call trees
 (:mod:`mpguide.calltree`).
 """
@@ -16,23 +18,26 @@ from __future__ import annotations
 import codecs
 import gc
 import gzip
+import io
 import logging
 import math
 import os
 import pickle
 import re
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import msgspec
 import numpy as np
@@ -63,6 +68,7 @@ _DECODER = msgspec.json.Decoder(_File | list[Event])
 FLOW = "ac2g"
 PARALLEL_BYTES = 64 << 20
 """Plain traces at least this large are decoded in two processes."""
+Source = str | os.PathLike | BinaryIO
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,12 +117,13 @@ def _keeps_args(name: Coded, cat: Coded, args_of: Callable[[str], bool]) -> np.n
 
 def _flows(events: list[Event], flowing: np.ndarray) -> Flows:
     """The ``ac2g`` flow starts and ends among ``events``, of those ``flowing`` marks (flow
-    phases in the flow category), with an ``id`` and a finite time."""
+    phases in the flow category), with an ``id`` and a time that nests
+    (:data:`mpguide.calltree.MAX_US`)."""
     maybe = list(compress(events, flowing.tolist()))
     n = len(maybe)
     ts = np.fromiter(map(attrgetter("ts"), maybe), float, n)
     has_id = np.fromiter(map(is_not, map(attrgetter("id"), maybe), repeat(None)), bool, n)
-    events = list(compress(maybe, (has_id & np.isfinite(ts)).tolist()))
+    events = list(compress(maybe, (has_id & (np.abs(ts) <= calltree.MAX_US)).tolist()))
     n = len(events)
     return Flows(
         np.fromiter(map("s".__eq__, map(attrgetter("ph"), events)), bool, n),
@@ -269,55 +276,109 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _is_gzip(path: Path) -> bool:
-    if path.is_dir():
+MAX_BYTES = 2 << 30
+"""The default cap on a trace's size, decompressed: :func:`load` refuses a larger one."""
+_WHITESPACE = re.compile(rb"[ \t\r\n]*")
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in binary units: ``'2 GiB'``, ``'1.5 MiB'``, ``'900 bytes'``."""
+    for unit, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= unit:
+            return f"{n / unit:.4g} {name}"
+    return f"{n} bytes"
+
+
+def _too_large(where: str, max_bytes: int, size: int | None = None) -> MPGuideError:
+    what = "more than" if size is None else f"{size_text(size)}, more than"
+    return MPGuideError(
+        f"{where}: {what} {size_text(max_bytes)}{' decompressed' if size is None else ''}, the "
+        "cap on a trace's size; raise it with --max-bytes (max_bytes= in Python)"
+    )
+
+
+def _file_size(path: Path) -> int:
+    """The size of the regular file ``path``, or MPGuideError saying why it cannot be read."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise MPGuideError(f"{path}: no such file") from None
+    except OSError as err:
+        raise MPGuideError(f"{path}: cannot read it ({err.strerror or err})") from None
+    if stat.S_ISDIR(st.st_mode):
         raise MPGuideError(f"{path}: is a directory, not a trace file")
-    if not path.exists():
-        raise MPGuideError(f"{path}: no such file")
-    if not path.is_file():
+    if not stat.S_ISREG(st.st_mode):
         raise MPGuideError(f"{path}: not a regular file")
-    with path.open("rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+    return st.st_size
 
 
 @contextmanager
-def _gzip_errors(path: Path) -> Iterator[None]:
+def _opened(source: Source) -> Iterator[BinaryIO]:
+    """``source`` open for reading, with ``peek``: a path is opened (and closed after), a
+    stream is read as it is."""
+    if not isinstance(source, (str, os.PathLike)):
+        yield source if hasattr(source, "peek") else io.BufferedReader(source)
+        return
+    try:
+        f = open(source, "rb")  # noqa: SIM115 -- closed below
+    except OSError as err:
+        raise MPGuideError(f"{source}: cannot read it ({err.strerror or err})") from None
+    with f:
+        yield f
+
+
+def _name(source: Source) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    name = getattr(source, "name", None)
+    return name if isinstance(name, str) else "<stream>"
+
+
+def _is_gzip(f: BinaryIO) -> bool:
+    return f.peek(2)[:2] == b"\x1f\x8b"
+
+
+@contextmanager
+def _gzip_errors(where: str) -> Iterator[None]:
     try:
         yield
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-        raise MPGuideError(f"{path}: broken gzip file ({err})") from None
+        raise MPGuideError(f"{where}: broken gzip file ({err})") from None
 
 
 @contextmanager
-def _filler(path: Path, start: int = 0, stop: int | None = None) -> Iterator[Callable]:
-    """A function filling a buffer with the next bytes of ``path`` (decompressed when it is
-    gzip), from byte ``start`` to byte ``stop`` of a plain file; it returns how many."""
-    if _is_gzip(path):
-        with gzip.open(path, "rb") as z:
+def _filler(
+    source: Source, start: int = 0, stop: int | None = None, max_bytes: int | None = None
+) -> Iterator[Callable]:
+    """A function filling a buffer with the next bytes of ``source`` (decompressed when it is
+    gzip), from byte ``start`` to byte ``stop`` of a plain file; it returns how many, and
+    raises MPGuideError once more than ``max_bytes`` were read."""
+    where = _name(source)
+    with _opened(source) as f:
+        if _is_gzip(f):
+            z = gzip.GzipFile(fileobj=f, mode="rb")
 
-            def unzip(view: memoryview) -> int:
-                with _gzip_errors(path):
+            def read(view: memoryview) -> int:
+                with _gzip_errors(where):
                     return z.readinto(view)
-
-            yield unzip
-        return
-    with path.open("rb") as f:
-        f.seek(start)
-        left = [math.inf if stop is None else stop - start]
+        else:
+            if start:
+                f.seek(start)
+            read = f.readinto
+        total = 0
 
         def fill(view: memoryview) -> int:
-            got = f.readinto(view[: int(min(len(view), left[0]))])
-            left[0] -= got
+            nonlocal total
+            if stop is not None:
+                view = view[: stop - start - total]
+            got = read(view)
+            total += got
+            if max_bytes is not None and total > max_bytes:
+                raise _too_large(where, max_bytes)
             return got
 
         yield fill
-
-
-def _read(path: Path) -> bytes:
-    if not _is_gzip(path):
-        return path.read_bytes()
-    with gzip.open(path, "rb") as z, _gzip_errors(path):
-        return z.read()
 
 
 _UTF8_CHUNK = 1 << 24
@@ -339,16 +400,41 @@ def _invalid_utf8(data: bytes | bytearray | memoryview) -> int:
     return found - bytes(data).count(_REPLACEMENT.encode())
 
 
+_AT_BYTE = re.compile(r"\(byte (\d+)\)")
+_AT_EVENT = re.compile(r"(\$(?:\.traceEvents)?\[)(\d+)\]")
+_DECODE_ERRORS = (msgspec.DecodeError, RecursionError)
+
+
+def _message(where: str, err: Exception, events_before: int = 0, base: int = 0) -> str:
+    """One line for a document that did not decode, naming its event or byte as counted in
+    the whole document: the piece that failed came after ``events_before`` events, and its
+    byte 0 is byte ``base`` of the document."""
+    if isinstance(err, RecursionError):
+        return f"{where}: not valid JSON: nested too deeply to decode"
+    text = str(err)
+    if isinstance(err, msgspec.ValidationError):
+        text = _AT_EVENT.sub(lambda m: f"{m[1]}{int(m[2]) + events_before}]", text, count=1)
+        return f"{where}: not a chrome trace ({text})"
+    text = _AT_BYTE.sub(lambda m: f"(byte {int(m[1]) + base})", text, count=1)
+    return f"{where}: not valid JSON ({text})"
+
+
+class _Undecodable(MPGuideError):
+    """A document that does not decode; ``cause`` is msgspec's error or the RecursionError."""
+
+    def __init__(self, where: str, cause: Exception):
+        super().__init__(_message(where, cause))
+        self.cause = cause
+
+
 def _decode(data: bytes | bytearray | memoryview, where: str) -> tuple[list[Event], int]:
     """The events of a chrome-trace document, and how many invalid UTF-8 sequences were
     replaced by U+FFFD to decode it."""
     replaced = _invalid_utf8(data)
     try:
         doc = _DECODER.decode(bytes(data).decode("utf-8", "replace") if replaced else data)
-    except msgspec.ValidationError as err:
-        raise MPGuideError(f"{where}: not a chrome trace ({err})") from None
-    except msgspec.DecodeError as err:
-        raise MPGuideError(f"{where}: not valid JSON ({err})") from None
+    except _DECODE_ERRORS as err:
+        raise _Undecodable(where, err) from None
     return (doc if isinstance(doc, list) else doc.traceEvents), replaced
 
 
@@ -361,26 +447,38 @@ def parse(data: bytes, source: str = "", args_of: Callable[[str], bool] | None =
 
 
 @paused_gc()
-def load(path: str | Path, *, args_of: Callable[[str], bool] | None = None) -> Trace:
-    """Read a chrome trace from ``.json`` or ``.json.gz`` (gzip is detected from the bytes),
-    a few megabytes at a time (see :func:`_streamed`).
+def load(
+    source: str | Path | BinaryIO,
+    *,
+    args_of: Callable[[str], bool] | None = None,
+    max_bytes: int | None = MAX_BYTES,
+) -> Trace:
+    """Read a chrome trace from a ``.json`` or ``.json.gz`` file or a binary stream (gzip is
+    detected from the bytes), a few megabytes at a time (see :func:`_streamed`), each byte
+    read once.
 
     ``args_of`` keeps the ``args`` only of the events whose name it accepts, and of the
     launches and GPU events, which linking needs: the others' ``args`` are most of a trace's
     bytes. Asking for a dropped event's ``args`` is an error. It must be a module-level
     function: a large file's second half is decoded in a worker process.
+
+    A document larger than ``max_bytes`` (decompressed; None: no cap) is refused: a plain
+    file at once, a gzip or a stream as soon as reading passes the cap.
     """
-    path = Path(path)
     _pickled(args_of)
-    if not _is_gzip(path) and path.stat().st_size >= PARALLEL_BYTES:
-        halves = _load_halves(path, args_of)
-        if halves is not None:
-            return _joined(halves, str(path))
-    try:
-        with _filler(path) as fill:
-            return _streamed(fill, b"", b"", str(path), args_of)
-    except MPGuideError:  # in one piece: its own error, if it has one
-        return parse(_read(path), str(path), args_of)
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        size = _file_size(path)
+        with _opened(path) as f:
+            plain = not _is_gzip(f)
+        if plain and max_bytes is not None and size > max_bytes:
+            raise _too_large(str(path), max_bytes, size)
+        if plain and size >= PARALLEL_BYTES:
+            halves = _load_halves(path, args_of)
+            if halves is not None:
+                return _joined(halves, str(path))
+    with _filler(source, max_bytes=max_bytes) as fill:
+        return _streamed(fill, b"", b"", _name(source), args_of)
 
 
 def _pickled(args_of: Callable[[str], bool] | None) -> bytes:
@@ -390,57 +488,146 @@ def _pickled(args_of: Callable[[str], bool] | None) -> bytes:
         raise MPGuideError(f"args_of must be a module-level function, got {args_of!r}") from None
 
 
-# A boundary between two events: "}," and then an object whose first key is "ph". Only a
-# cut after which both halves decode on their own is used.
-_BOUNDARY = re.compile(rb'\}\s*,\s*(\{)\s*"ph"\s*:')
+# A boundary between two events: "}," and then an object whose first key is a plain word
+# ("ph" in torch's exports). A cut there is used only if the part before it decodes alone:
+# one inside an event's args leaves that part unclosed.
+_BOUNDARY = re.compile(rb'\}\s*,\s*(\{)\s*"\w+"\s*:')
 _PIECE = 16 << 20
+_HELD = 4
+"""The most bytes held while no event boundary comes, in pieces."""
+_TRIES = 3
+"""Boundaries tried per buffer, last first, before it grows: one inside an event's args
+leaves the part before it unclosed."""
 
 
-def _last_boundary(data: bytearray, size: int) -> tuple[int, int] | None:
-    """Where the last event of ``data[:size]`` before its last boundary ends, and where the
-    next begins; the boundary is looked for near the end first."""
-    for since in (max(size - _WINDOW, 0), 0):
-        found = list(_BOUNDARY.finditer(data, since, size))
+def _last_boundary(data: bytearray, size: int, since: int = 0) -> tuple[int, int] | None:
+    """Where the last event of ``data[since:size]`` before its last boundary ends, and where
+    the next begins; the boundary is looked for near ``size`` first."""
+    for start in (max(size - _WINDOW, since), since):
+        found = list(_BOUNDARY.finditer(data, start, size))
         if found:
             return found[-1].start() + 1, found[-1].start(1)
     return None
+
+
+def _not_a_document(where: str, head: bytes) -> MPGuideError:
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return MPGuideError(
+            f"{where}: UTF-16 text (it starts with a UTF-16 byte order mark); a chrome trace "
+            "is JSON in UTF-8"
+        )
+    if head.startswith(b"\x1f\x8b"):
+        return MPGuideError(f"{where}: compressed twice (a gzip file inside a gzip file)")
+    return MPGuideError(
+        f"{where}: not valid JSON (a trace starts with {{ or [; this starts with {head!r})"
+    )
+
+
+def _false_cut(err: _Undecodable, cut: int) -> bool:
+    """Whether a part cut at byte ``cut`` failed for the cut alone: it ends unclosed, or
+    its first fault is the cut (a cut inside an event's ``args``), or it is the part of an
+    object before ``traceEvents`` (a cut in another list of objects)."""
+    cause = err.cause
+    if isinstance(cause, msgspec.ValidationError):
+        return "missing required field `traceEvents`" in str(cause)
+    if isinstance(cause, msgspec.DecodeError):
+        at = _AT_BYTE.search(str(cause))
+        return at is None or int(at[1]) >= cut
+    return False
+
+
+def _count(part: Trace) -> int:
+    """How many events of any phase ``part`` was read from."""
+    return len(part) + sum(part.other.values())
+
+
+def _start(fill: Callable, buf: bytearray, where: str) -> tuple[int, int]:
+    """Fill ``buf`` from the document's first byte, past a UTF-8 byte order mark and
+    whitespace: how many bytes it holds, and how many were passed. MPGuideError when no
+    document starts (only whitespace, or a first byte other than ``{`` or ``[``)."""
+    passed = 0
+    with memoryview(buf) as view:
+        while True:
+            got = fill(view)
+            skip = 3 if passed == 0 and buf.startswith(_UTF8_BOM) else 0
+            skip = _WHITESPACE.match(buf, skip, got).end()
+            passed += skip
+            if skip < got:
+                break
+            if not got:
+                raise MPGuideError(f"{where}: empty, no JSON document in it")
+            if passed > _PIECE:
+                raise MPGuideError(
+                    f"{where}: more than {size_text(_PIECE)} of whitespace and no JSON document"
+                )
+    buf[: got - skip] = buf[skip:got]
+    if buf[:1] not in (b"{", b"["):
+        raise _not_a_document(where, bytes(buf[: min(got - skip, 16)]))
+    return got - skip, passed
 
 
 def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=None) -> Trace:
     """The events of the document that ``fill`` gives, opened by ``first`` and closed by
     ``last``, decoded ``_PIECE`` bytes at a time in one buffer, so that memory holds the
     columns and one piece: each piece ends at an event boundary and is closed (``]``) and
-    the rest reopened (``[``) into documents of their own. A document without event
-    boundaries (its events' first key is not ``ph``) is one piece; MPGuideError if a piece
-    does not decode."""
-    parts: list[Trace] = []
+    the rest reopened (``[``) into documents of their own. A boundary inside an event is
+    passed over; with no boundary in ``_HELD`` pieces, or when a piece does not decode,
+    MPGuideError naming the event or byte of the whole document."""
     buf = bytearray(max(_PIECE, 2 * len(first)))
-    buf[: len(first)] = first
-    size, close, reopen = len(first), b"", b""
+    if first:
+        buf[: len(first)] = first
+        size, base = len(first), 0
+    else:
+        size, base = _start(fill, buf, where)
+    # The document's byte base + k is byte k of buf, after the first piece's opening.
+    base -= len(first)
+    close, reopen = (b"]", b"[") if buf[:1] == b"[" else (b"]}", b'{"traceEvents":[')
+    parts: list[Trace] = []
+    events_before, since, until, tries = 0, 0, None, 0
     while True:
-        if size == len(buf):  # no boundary in a whole buffer: a larger one
-            buf.extend(bytes(len(buf)))
-        with memoryview(buf) as view:
-            got = fill(view[size:])
-        size += got
-        if got and size < len(buf):
+        if size < len(buf):
+            with memoryview(buf) as view:
+                got = fill(view[size:])
+            if not got:
+                break
+            size += got
             continue
-        if not got:
-            break
-        if not close:
-            bracketed = re.match(rb"\s*\[", buf) is not None
-            close, reopen = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
-        found = _last_boundary(buf, size)
-        if found is None:
+        found = _last_boundary(buf, until or size, since) if tries < _TRIES else None
+        if found is None:  # no boundary in a whole buffer that cuts: a larger one, up to a bound
+            if len(buf) >= _HELD * _PIECE:
+                raise MPGuideError(
+                    f"{where}: no event boundary in {size_text(len(buf))} from byte "
+                    f"{base + len(reopen) if parts else base + len(first)}: an event that "
+                    "large, or a document that is not a list of events, is not read"
+                )
+            buf.extend(bytes(len(buf)))
+            since = max(since, size - 1024)  # not searched again (a cut is only a saving)
+            until, tries = None, 0
             continue
         cut, start = found
         rest = reopen + buf[start:size]
+        kept = bytes(buf[cut : cut + len(close)])
         buf[cut : cut + len(close)] = close  # over the "," after the event, or the "{"
-        with memoryview(buf) as view:
-            parts.append(parse(view[: cut + len(close)], where, args_of))
+        try:
+            with memoryview(buf) as view:
+                part = parse(view[: cut + len(close)], where, args_of)
+        except _Undecodable as err:
+            if not _false_cut(err, cut):
+                raise MPGuideError(_message(where, err.cause, events_before, base)) from None
+            buf[cut : cut + len(close)] = kept
+            until, tries = cut, tries + 1  # the boundary before it, next
+            continue
+        parts.append(part)
+        events_before += _count(part)
+        base += start - len(reopen)
         buf[: len(rest)] = rest
-        size = len(rest)
-    parts.append(parse(bytes(buf[:size]) + last, where, args_of))
+        size, since, until, tries = len(rest), 0, None, 0
+    buf[size : size + len(last)] = last
+    try:
+        with memoryview(buf) as view:
+            parts.append(parse(view[: size + len(last)], where, args_of))
+    except _Undecodable as err:
+        raise MPGuideError(_message(where, err.cause, events_before, base)) from None
     return parts[0] if len(parts) == 1 else _joined(parts, where)
 
 
@@ -452,12 +639,11 @@ _WORKER = "import sys; from mpguide.trace import _work; _work(sys.argv[1:])"
 
 
 def _load_halves(path: Path, args_of) -> list[Trace] | None:
-    """Decode the first part of ``path`` here while a worker process decodes the rest into
-    a temporary file; None when no event boundary is found near the cut or a part does not
-    decode."""
+    """Decode the first part of ``path`` here while a worker process decodes the rest; None
+    when no event boundary is found near the cut or a part does not decode."""
     size = path.stat().st_size
     with path.open("rb") as f:
-        bracketed = f.read(_WINDOW).lstrip()[:1] == b"["
+        bracketed = f.read(_WINDOW).lstrip(b" \t\r\n" + _UTF8_BOM)[:1] == b"["
         f.seek(middle := int(size * _SHARE))
         found = _BOUNDARY.search(f.read(_WINDOW))
     if found is None or not sys.executable:
@@ -468,7 +654,7 @@ def _load_halves(path: Path, args_of) -> list[Trace] | None:
     try:
         return _with_worker(path, cut, start, head, tail, args_of)
     except (OSError, EOFError, pickle.UnpicklingError) as err:
-        # No temporary folder, no worker or an unreadable result: one piece, and why.
+        # No temporary file, no worker or an unreadable result: one piece, and why.
         log.info("%s: decoded in one piece: the worker failed: %s", path, error_line(err))
         return None
 
@@ -477,37 +663,42 @@ def _with_worker(
     path: Path, cut: int, start: int, head: bytes, tail: bytes, args_of
 ) -> list[Trace] | None:
     """Bytes ``:cut`` of ``path`` closed by ``head`` decoded here, and bytes ``start:``
-    opened by ``tail`` in a worker; None if either does not decode."""
+    opened by ``tail`` in a worker; None if either does not decode.
+
+    The worker writes its part and its errors to temporary files that have no name, so that
+    nothing is left on disk however this process ends; it is killed when this process
+    leaves early (an error, or a signal that :mod:`mpguide.cli` turns into one), and by
+    Linux when this process dies."""
     keep = _pickled(args_of).hex()
     package = str(Path(__file__).resolve().parents[1])
     path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
-    with tempfile.TemporaryDirectory(prefix="mpguide-") as folder:
-        out = Path(folder) / "rest.pickle"
-        errors = Path(folder) / "stderr"
-        argv = [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(out)]
-        with errors.open("wb") as stderr:
-            worker = subprocess.Popen(
-                [*argv, keep],
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list)},
-            )
-        first = None
+    argv = [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(os.getpid())]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as errors:
+        worker = subprocess.Popen(
+            [*argv, keep],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=errors,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list)},
+        )
         try:
             first = _piece(path, 0, cut, b"", head, args_of)
+            status = None if first is None else worker.wait()
         finally:
-            if first is None:
+            if worker.poll() is None:
                 worker.kill()
-            status = worker.wait()
+                worker.wait()
         if first is None:
             log.info("%s: decoded in one piece: the first part does not decode alone", path)
             return None
         if status != 0:
-            said = errors.read_text(errors="replace").strip().splitlines() or ["nothing on stderr"]
+            errors.seek(0)
+            said = errors.read().decode(errors="replace").strip().splitlines()
+            said = said or ["nothing on stderr"]
             log.info("%s: decoded in one piece: the worker exited %d: %s", path, status, said[-1])
             return None
-        with out.open("rb") as f:
-            return [first, pickle.load(f)]
+        out.seek(0)
+        return [first, pickle.load(out)]
 
 
 def _piece(path: Path, start: int, stop, before: bytes, after: bytes, args_of) -> Trace | None:
@@ -520,15 +711,27 @@ def _piece(path: Path, start: int, stop, before: bytes, after: bytes, args_of) -
         return None
 
 
+def _die_with(parent: int) -> None:
+    """Have Linux kill this process when its parent dies; end now if it has already."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with suppress(AttributeError, OSError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        raise SystemExit(1)
+
+
 def _work(argv: list[str]) -> None:
     """The worker of :func:`_load_halves`: the columns of the events from byte ``start`` to
-    the end of file ``path``, framed by ``before``, pickled into file ``out``; ``keep`` is
-    the pickled ``args_of``."""
-    path, start, before, out, keep = argv
+    the end of file ``path``, framed by ``before``, pickled to stdout; ``parent`` is the
+    pid of the process that started it, ``keep`` the pickled ``args_of``."""
+    path, start, before, parent, keep = argv
+    _die_with(int(parent))
     args_of = pickle.loads(bytes.fromhex(keep))
     with paused_gc():
         part = _piece(Path(path), int(start), None, before.encode(), b"", args_of)
     if part is None:
-        raise SystemExit(1)
-    with open(out, "wb") as f:
-        pickle.dump(part, f, protocol=pickle.HIGHEST_PROTOCOL)
+        raise SystemExit("the second part does not decode alone")
+    pickle.dump(part, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    sys.stdout.buffer.flush()

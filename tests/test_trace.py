@@ -1,4 +1,5 @@
 import gzip
+import io
 import json
 from operator import attrgetter
 from pathlib import Path
@@ -138,9 +139,15 @@ def test_threads_and_processes_get_their_own_trees():
     assert all(tree.node(i).parent is None for i in range(3))
 
 
-def test_bad_times_are_an_error():
-    with pytest.raises(MPGuideError, match="negative time"):
-        tree_of(op("a", BASE, -1.0))
+def test_bad_times_are_an_error_naming_the_event():
+    with pytest.raises(MPGuideError, match=r"event 1 \('b'\): negative dur"):
+        tree_of(op("a", BASE, 1.0), op("b", BASE, -1.0))
+    with pytest.raises(MPGuideError, match=r"event 0 \('a'\): ts .* beyond"):
+        tree_of(op("a", 1e16, 1.0))
+    with pytest.raises(MPGuideError, match=r"event 0 \('a'\): ts \+ dur .* beyond"):
+        tree_of(op("a", BASE, 9e15))
+    flow_far = {"ph": "s", "cat": "ac2g", "id": 1, "pid": 1, "tid": 1, "ts": 1e300}
+    assert len(tree_of(op("a", BASE, 1.0), flow_far)) == 1
 
 
 # GPU events
@@ -414,23 +421,98 @@ def test_a_trace_read_a_piece_at_a_time_is_the_trace_read_at_once(
         same_trace(trace._streamed(fill, b"", b"", str(path)), serial)
 
 
-def test_a_boundary_inside_args_falls_back_to_one_piece(tmp_path, monkeypatch):
+def test_a_boundary_inside_args_is_passed_over(tmp_path, monkeypatch):
     events = [op(f"op{i}", BASE + i, 0.5, x=[{}, {"ph": i}], y="." * 500) for i in range(300)]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": [{"ph": e.pop("ph"), **e} for e in events]}))
+    whole = trace.parse(path.read_bytes(), str(path))
     monkeypatch.setattr(trace, "_PIECE", 1000)
-    with pytest.raises(MPGuideError), trace._filler(path) as read:
-        trace._streamed(read, b"", b"", str(path))
-    same_trace(trace.load(path), trace.parse(path.read_bytes(), str(path)))
+    decoded = []
+    parse = trace.parse
+    monkeypatch.setattr(trace, "parse", lambda *a: decoded.append(len(a[0])) or parse(*a))
+    with trace._filler(path) as read:
+        same_trace(trace._streamed(read, b"", b"", str(path)), whole)
+    assert len(decoded) > 100 and max(decoded) < 2 * 1000  # cut before the false boundaries
 
 
-def test_files_that_do_not_split_decode_in_one_piece(tmp_path, monkeypatch):
+class Counted(gzip.GzipFile):
+    opened = 0
+
+    def __init__(self, *args, **kwargs):
+        Counted.opened += 1
+        super().__init__(*args, **kwargs)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_gzip_is_decompressed_once(tmp_path, monkeypatch, broken):
+    events = [op(f"op{i}", BASE + i, 0.5, x=[{}, {"ph": i}], y="." * 500) for i in range(300)]
+    data = json.dumps({"traceEvents": [{"ph": e.pop("ph"), **e} for e in events]}).encode()
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(data[:-5] if broken else data))
+    monkeypatch.setattr(trace, "_PIECE", 1000)
+    monkeypatch.setattr(gzip, "GzipFile", Counted)
+    Counted.opened = 0
+    if broken:
+        with pytest.raises(MPGuideError, match="not valid JSON"):
+            trace.load(path)
+    else:
+        same_trace(trace.load(path), trace.parse(data, str(path)))
+    assert Counted.opened == 1
+
+
+def test_errors_name_the_event_and_byte_of_the_whole_document(tmp_path, monkeypatch):
+    events = [op(f"op{i}", BASE + i, 0.5, y="." * 100) for i in range(300)]
+    events[250]["pid"] = {"not": "a pid"}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    monkeypatch.setattr(trace, "_PIECE", 2000)
+    with pytest.raises(MPGuideError, match=r"\$\.traceEvents\[250\]\.pid"):
+        trace.load(path)
+    events[250]["pid"] = 1
+    data = json.dumps(events).encode()
+    junk = data.index(b'"op280"')
+    path.write_bytes(data[:junk] + b"?" + data[junk + 1 :])
+    with pytest.raises(MPGuideError, match=rf"\(byte {junk}\)"):
+        trace.load(path)
+
+
+def test_a_trace_from_a_stream():
+    data = json.dumps({"traceEvents": [op("a", BASE, 10.0), op("b", BASE + 1, 1.0)]}).encode()
+    for raw in (data, gzip.compress(data)):
+        tr = trace.load(io.BufferedReader(io.BytesIO(raw)))
+        assert [e.name for e in tr.events] == ["a", "b"] and tr.source == "<stream>"
+
+
+def test_leading_whitespace_and_a_utf8_byte_order_mark_are_read(tmp_path, monkeypatch):
+    data = json.dumps([op("a", BASE, 10.0)]).encode()
+    monkeypatch.setattr(trace, "_PIECE", 256)
+    for framed in (b"\xef\xbb\xbf" + data, b" \n" * 100 + data, b"\xef\xbb\xbf\r\n" + data):
+        (tmp_path / "t.json").write_bytes(framed)
+        assert [e.name for e in trace.load(tmp_path / "t.json").events] == ["a"]
+    (tmp_path / "t.json").write_bytes(b" " * 1000 + data)
+    with pytest.raises(MPGuideError, match="whitespace"):
+        trace.load(tmp_path / "t.json")
+
+
+def test_the_size_cap(tmp_path):
+    data = json.dumps([op("a", BASE, 10.0)] * 100).encode()
+    for name, raw in (("t.json", data), ("t.json.gz", gzip.compress(data))):
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(MPGuideError, match=r"more than 1 KiB.*max_bytes"):
+            trace.load(tmp_path / name, max_bytes=1024)
+        assert len(trace.load(tmp_path / name, max_bytes=len(data))) == 100
+        assert len(trace.load(tmp_path / name, max_bytes=None)) == 100
+
+
+def test_events_in_any_key_order_split(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
     events = [op(f"op{i}", BASE + i, 0.5) for i in range(2000)]
-    unsplit = tmp_path / "name_first.json"
-    unsplit.write_text(json.dumps({"traceEvents": [{"name": e.pop("name"), **e} for e in events]}))
-    assert trace._load_halves(unsplit, None) is None
-    assert len(trace.load(unsplit)) == 2000
+    name_first = tmp_path / "name_first.json"
+    name_first.write_text(
+        json.dumps({"traceEvents": [{"name": e.pop("name"), **e} for e in events]})
+    )
+    assert trace._load_halves(name_first, None) is not None
+    assert len(trace.load(name_first)) == 2000
     broken = write_generated(tmp_path / "broken.json", 300, "object")
     broken.write_bytes(broken.read_bytes()[:-3])
     assert trace._load_halves(broken, None) is None
