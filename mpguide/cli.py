@@ -160,7 +160,7 @@ def _readers_code(doing: str) -> Iterator[None]:
         raise MPGuideError(f"{doing} raised {_reader_error(err)}") from None
 
 
-def _load(spec: str):
+def _load_spec(spec: str):
     """The function ``spec`` names: ``FILE.py:NAME`` (the file is imported with its folder
     first on ``sys.path``, as ``python FILE.py`` would run it) or ``package.module:NAME``
     (imported from here). Importing runs the module's top-level code."""
@@ -201,7 +201,7 @@ def _factory(spec: str):
     """``(model, inputs)`` from the factory ``spec`` names, called once."""
     import torch
 
-    factory = _load(spec)
+    factory = _load_spec(spec)
     with _readers_code(f"calling {spec}"):
         made = factory()
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
@@ -283,7 +283,7 @@ def _graph(args: argparse.Namespace) -> str:
 
     from mpguide import device, dtypes, graphs
 
-    fn = _load(args.function)
+    fn = _load_spec(args.function)
     target = device.target(args.device, simulate=True)
     if args.backward and not device.simulates_autograd(target.device.type):
         raise MPGuideError(
