@@ -701,8 +701,8 @@ def _steps_us(tree: Tree) -> float | None:
 
 class _Context(NamedTuple):
     """What the tree says above each cast: the nearest causing op below the Python code,
-    the innermost module and Python frame, the nearest backward node and cast op (-1 where
-    none)."""
+    the innermost module and Python frame below the backward node, the nearest backward node
+    and cast op (-1 where none)."""
 
     op: np.ndarray
     module: np.ndarray
@@ -720,9 +720,12 @@ def _contexts(tree: Tree, ids: np.ndarray) -> _Context:
     frame = python & tree.named(lambda n: frame_place(n) is not None)
     grad = tree.named(lambda n: n.startswith(BACKWARD_MARK))
     found = _Context(*tree.nearest(ids, causing, module, frame, grad, cast_op))
-    # An op above the Python code (a range such as a step's) is its context, not its cause.
+    # What lies above the Python code (a range such as a step's) or above the backward node
+    # (the Python code that called backward()) is context, not cause.
     depth = np.append(tree.depth, -1)
     found.op[depth[found.op] < np.maximum(depth[found.module], depth[found.frame])] = -1
+    for above in (found.module, found.frame):
+        above[depth[above] < depth[found.grad]] = -1
     return found
 
 
@@ -749,27 +752,31 @@ def _causes(tree: Tree, ctx: _Context) -> tuple[np.ndarray, list[str], np.ndarra
     return cause[key], labels, module[key], classes
 
 
-def _tie_backward(tree: Tree, ids: np.ndarray, sequence: np.ndarray, ctx: _Context):
-    """For each cast, the forward cast whose gradient it is (-1 for none): a cast under a
-    ``ToCopyBackward`` node takes the forward cast with the node's sequence number in its
-    process, when exactly one has it."""
+def _tie_backward(tree: Tree, ids: np.ndarray, sequence: np.ndarray, pair, pairs, ctx: _Context):
+    """For each cast, the forward cast whose gradient it is (-1 for none).
+
+    A cast under a ``ToCopyBackward`` node is tied to the forward cast that made the node:
+    the ops a thread runs share one sequence number until an op makes a backward node, so
+    that op is the last with the node's number; taken in the same process, and only when it
+    converts the other way."""
     forward = np.full(len(ids), -1, dtype=np.int64)
     grad = ctx.grad
     tied = grad >= 0
     tied[tied] = tree.named(lambda n: n.startswith(TO_COPY_BACKWARD))[grad[tied]]
-    if not tied.any():
+    fwd = np.flatnonzero((grad < 0) & (sequence >= 0))
+    if not (tied.any() and len(fwd)):
         return forward
     pid = tree.trace.pid.codes
     n_pid = len(tree.trace.pid.values)
-    fwd = np.flatnonzero((grad < 0) & (sequence >= 0))
-    keys = sequence[fwd] * n_pid + pid[ids[fwd]]
-    unique, first, count = np.unique(keys, return_index=True, return_counts=True)
+    fwd = fwd[np.argsort(-tree.trace.ts[ids[fwd]], kind="stable")]
+    unique, last = np.unique(sequence[fwd] * n_pid + pid[ids[fwd]], return_index=True)
     at = np.flatnonzero(tied)
     wanted = tree.sequence_numbers(grad[at]) * n_pid + pid[ids[at]]
-    pos = np.searchsorted(unique, wanted)
-    pos[pos == len(unique)] = 0
-    hit = (unique[pos] == wanted) & (count[pos] == 1) if len(unique) else np.zeros(len(at), bool)
-    forward[at[hit]] = fwd[first[pos[hit]]]
+    pos = np.minimum(np.searchsorted(unique, wanted), len(unique) - 1)
+    candidate = fwd[last[pos]]
+    reverse = np.array([pairs.index(p[::-1]) if p[::-1] in pairs else -1 for p in pairs])
+    hit = (unique[pos] == wanted) & (reverse[pair[at]] == pair[candidate])
+    forward[at[hit]] = candidate[hit]
     return forward
 
 
@@ -825,7 +832,7 @@ def report(tree: Tree) -> CastReport:
     n = len(ids)
     ctx = _contexts(tree, np.concatenate((ids, fused_ids)))
     cause_ids = np.where(ctx.op >= 0, ctx.op, np.where(ctx.module >= 0, ctx.module, ctx.frame))
-    forward = _tie_backward(tree, ids, sequence, _Context(*(c[:n] for c in ctx)))
+    forward = _tie_backward(tree, ids, sequence, pair, pairs, _Context(*(c[:n] for c in ctx)))
     tied = np.flatnonzero(forward >= 0)
     for part in ctx[:3]:
         part[tied] = part[forward[tied]]

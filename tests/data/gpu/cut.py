@@ -33,7 +33,9 @@ def cut(doc: dict, t0: float, t1: float) -> list[dict]:
         return t0 <= e["ts"] and e["ts"] + e.get("dur", 0) <= t1
 
     cpu = [
-        e for e in events if e.get("ph") != "M" and e.get("cat") not in GPU and e.get("cat") != "ac2g"
+        e
+        for e in events
+        if e.get("ph") != "M" and e.get("cat") not in GPU and e.get("cat") != "ac2g"
     ]
     kept = {id(e) for e in cpu if "ts" in e and inside(e)}
     launched = {_args(e).get("correlation") for e in cpu if id(e) in kept} - {None}
