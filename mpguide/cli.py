@@ -88,6 +88,9 @@ def _casts(args: argparse.Namespace) -> str:
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
     table = casts.report(tree).table(args.by, scalars=args.scalars, limit=args.limit or None)
+    if args.format == "csv":  # CSV has no place for them
+        for note in table.notes:
+            print(f"mpguide: note: {note}", file=sys.stderr)
     return table.render(args.format)
 
 
