@@ -131,6 +131,10 @@ def record(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Time ``python -m mpguide casts`` and ``tree`` on large synthetic traces beside the parse
     limit (a typed msgspec decode of the same file), and profile casts phase by phase; the
-    results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options)."""
+    results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options).
+    Then check the kernel times of the real GPU traces in tests/data/gpu against
+    HolisticTraceAnalysis's kernel breakdown, into docs/benchmarks/hta_kernels.json."""
     _install(session)
     session.run("python", "benchmarks/trace_casts.py", *session.posargs)
+    session.install("HolisticTraceAnalysis")
+    session.run("python", "benchmarks/hta_kernels.py")
