@@ -134,7 +134,11 @@ def bench(session: nox.Session) -> None:
     results go to docs/benchmarks/trace_casts.json for the site (``-- --help`` for options).
     Then time the per-module report of ``python -m mpguide model`` on a 12-layer transformer
     beside a float32 forward and backward plus a float64 forward, into
-    docs/benchmarks/model_report.json."""
+    docs/benchmarks/model_report.json; and check the kernel times of the real GPU traces in
+    tests/data/gpu against HolisticTraceAnalysis's kernel breakdown, into
+    docs/benchmarks/hta_kernels.json."""
     _install(session)
     session.run("python", "benchmarks/trace_casts.py", *session.posargs)
     session.run("python", "benchmarks/model_report.py")
+    session.install("HolisticTraceAnalysis")
+    session.run("python", "benchmarks/hta_kernels.py")

@@ -28,6 +28,7 @@ launch that precedes the GPU event is taken.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
 PYTHON, ANNOTATION, OP = "python_function", "user_annotation", "cpu_op"
+MODULE_MARK = "nn.Module: "
+"""How ``with_modules``/``with_stack`` traces name the ``python_function`` range of a module's
+call: ``nn.Module: Qwen2RMSNorm_3`` (the class, then the instance's number)."""
+_FRAME = re.compile(r"(.+)\((\d+)\): (.*)")
 _LAYER_RANK = {ANNOTATION: 0, PYTHON: 1}
 DEFAULT_FIELDS = ("Input Dims", "Input type")
 
@@ -59,6 +64,29 @@ class _Link(msgspec.Struct, gc=False):
 
 
 _LINKS = msgspec.json.Decoder(list[_Link])
+
+
+class _Autograd(msgspec.Struct, gc=False):
+    sequence: int = msgspec.field(default=-1, name="Sequence number")
+
+
+_AUTOGRAD = msgspec.json.Decoder(list[_Autograd])
+
+
+def module_class(name: str) -> str | None:
+    """``'nn.Module: Qwen2RMSNorm_3'`` -> ``'Qwen2RMSNorm'``; None for other names."""
+    if not name.startswith(MODULE_MARK):
+        return None
+    head, _, number = name[len(MODULE_MARK) :].rpartition("_")
+    return head if head and number.isdigit() else name[len(MODULE_MARK) :]
+
+
+def frame_place(name: str) -> tuple[str, int, str] | None:
+    """``'models/qwen2.py(181): forward'`` -> ``('models/qwen2.py', 181, 'forward')``: the
+    file, the line the profiler gives (where the function starts) and the function of a
+    Python frame; None for other names (``<built-in method ...>``, ops)."""
+    found = _FRAME.fullmatch(name)
+    return None if found is None else (found[1], int(found[2]), found[3])
 
 
 @dataclass(frozen=True)
@@ -212,16 +240,14 @@ def _bad_time(trace: Trace, i: int) -> MPGuideError:
 def _absolute_ns(ts: np.ndarray) -> np.ndarray:
     """Finite microsecond times in integer nanoseconds.
 
-    Exports write microseconds with three decimals, but a double near 4e12 us is only good
-    to about a nanosecond, so ``ts * 1000`` can round to the wrong nanosecond and nest a
-    child past its parent's end. The nanosecond kept is the one whose decimal parses to
-    exactly this ``ts``.
+    Exports write microseconds with three decimals, or whole microseconds since the epoch
+    (about 1.7e15). ``ts * 1000`` is not exact in a double at either size: it can round to
+    the wrong nanosecond, or, past 2**53 ns, by hundreds of them, and nest a child past its
+    parent's end. The whole microseconds and the fraction of a double are each exact, so
+    they are converted apart.
     """
-    ns = np.rint(ts * 1000.0)
-    for step in (-1.0, 1.0):
-        wrong = ns / 1000.0 != ts
-        ns[wrong & ((ns + step) / 1000.0 == ts)] += step
-    return ns.astype(np.int64)
+    whole = np.floor(ts)
+    return whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(np.int64)
 
 
 class Tree:
@@ -291,6 +317,33 @@ class Tree:
     def parents(self) -> list[int]:
         """``parent`` as a list, for fast walks up the tree."""
         return self.parent.tolist()
+
+    def nearest(self, ids: np.ndarray, *masks: np.ndarray) -> list[np.ndarray]:
+        """For each of ``ids``, its nearest ancestor in each of ``masks`` (-1 where none):
+        the ancestors of all ids are walked together, one level a step."""
+        found = [np.full(len(ids), -1, dtype=np.int64) for _ in masks]
+        up = self.parent[ids]
+        live = np.flatnonzero(up >= 0)
+        while len(live):
+            a = up[live]
+            for mask, out in zip(masks, found, strict=True):
+                hit = (out[live] < 0) & mask[a]
+                out[live[hit]] = a[hit]
+            up[live] = self.parent[a]
+            live = live[up[live] >= 0]
+        return found
+
+    def sequence_numbers(self, ids: np.ndarray) -> np.ndarray:
+        """The autograd ``Sequence number`` of each event in ``ids`` (-1 where it has none):
+        a backward node carries the number of the forward op that made it."""
+        if not len(ids):
+            return np.zeros(0, dtype=np.int64)
+        try:
+            found = _AUTOGRAD.decode(b"[" + b",".join(self.trace.args.raws(ids)) + b"]")
+        except msgspec.ValidationError as err:
+            where = self.trace.source or "trace"
+            raise MPGuideError(f"{where}: an op's sequence number is not usable ({err})") from None
+        return np.fromiter(map(attrgetter("sequence"), found), np.int64, len(found))
 
     @cached_property
     def self_us(self) -> np.ndarray:

@@ -2,15 +2,29 @@
 
 A cast is a chain of ``aten::to`` / ``aten::_to_copy`` / ``aten::copy_`` nodes whose source
 and target dtypes differ: ``copy_`` names both in its ``Input type`` (target first), and
-``to`` / ``_to_copy`` name the target in ``Concrete Inputs`` as a ScalarType code. Convert
-kernels of compiled code (``..._to_copy...`` in a kernel's name) are casts whose dtypes the
-trace does not record. Each cast is reported once, at the top of its chain, with the op that
-caused it: the nearest ancestor that is neither a cast nor a Python frame.
+``to`` / ``_to_copy`` name the target in ``Concrete Inputs`` as a ScalarType code. Each cast
+is reported once, at the top of its chain.
+
+Its cause is what the trace knows of who asked for it. With the Python stack in the trace
+(``with_stack=True``, a tree built with ``python=True``): the innermost ``nn.Module`` and the
+innermost Python frame, as ``file:line`` (the line the profiler records, where the function
+starts), and the enclosing op if there is one; without it, the enclosing op: the nearest
+ancestor that is not a cast, a Python frame, a launch or a ``ProfilerStep#N`` range. A cast of
+the backward pass inside ``ToCopyBackward0`` is the gradient of a forward cast: the autograd
+sequence number of its node names that cast, whose cause it takes.
+
+Casts fused into kernels are reported apart (:class:`FusedCasts`): compiled kernels that
+convert (``_to_copy`` or ``convert_element_type`` in the name, as inductor names them),
+ATen's dtype-specific copy kernels (``bfloat16_copy_kernel_cuda``) outside a cast op, as in
+a CUDA graph's replay, and vendor kernels whose name says they convert
+(``vllm::_typeConvert``, ``CastTensor``) or quantize (``scaled_fp8_quant``). Their dtypes
+are not in the trace; their time is the whole kernel's.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from html import escape
@@ -21,15 +35,36 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.calltree import ANNOTATION, OP, PYTHON, Node, Tree
+from mpguide.calltree import (
+    ANNOTATION,
+    MODULE_MARK,
+    PYTHON,
+    RUNTIME_CATEGORIES,
+    Node,
+    Tree,
+    frame_place,
+    module_class,
+)
 from mpguide.columns import codes
 from mpguide.table import Table
 from mpguide.trace import paused_gc
 
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
-COMPILED_MARKS = ("_to_copy", "convert_element_type")
 BACKWARD_MARK = "autograd::engine::evaluate_function"
+TO_COPY_BACKWARD = f"{BACKWARD_MARK}: ToCopyBackward"
 STEP_MARK = "ProfilerStep#"
+TOP_LEVEL = "(top level)"
+NO_MODULE = "(no module)"
+NO_LAUNCH = "(launch not in the trace)"
+FOLDED = "(0-d casts)"
+FUSED_KINDS = {
+    "compiled": re.compile(r"_to_copy|convert_element_type"),
+    "copy kernel": re.compile(r"\w*float\w*_copy_kernel\w*"),
+    "vendor": re.compile(r"type_?convert|cast_?tensor|cast_transpose|cast_kernel", re.IGNORECASE),
+    "quantize": re.compile(r"quantize|fp8_quant|fp4_quant", re.IGNORECASE),
+}
+"""What names a fused cast: inductor's kernels, ATen's dtype-specific copy kernels, vendor
+kernels that convert, and quantizing kernels (to fp8 or fp4, with scales)."""
 
 # c10::ScalarType codes (c10/core/ScalarType.h) of the types a cast can name.
 SCALAR_TYPES = {
@@ -55,13 +90,14 @@ SCALAR_TYPES = {
     29: "uint64",
     44: "float8_e8m0fnu",
 }
-# The C++ type names the profiler writes in ``Input type``.
+# The C++ type names the profiler writes in ``Input type`` (``long`` in older exports).
 CPP_TYPES = {
     "unsigned char": "uint8",
     "signed char": "int8",
     "short int": "int16",
     "int": "int32",
     "long int": "int64",
+    "long": "int64",
     "c10::Half": "float16",
     "float": "float32",
     "double": "float64",
@@ -106,10 +142,13 @@ UNKNOWN = "?"
 DOWN, UP, SIDEWAYS = "down-cast", "up-cast", "same width"
 SUMMARY_KEYS = {
     "cause": ("cause",),
+    "module": ("module",),
     "pair": ("source", "target"),
     "direction": ("direction",),
     "pass": ("pass",),
 }
+VIEWS = ("cast", *SUMMARY_KEYS, "fused")
+"""What :meth:`CastReport.table` can show: one row per cast, a summary, the fused casts."""
 
 
 def dtype_of(type_name: str) -> str:
@@ -130,11 +169,13 @@ _NULL = msgspec.Raw(b"null")
 
 
 class _CastArgs(msgspec.Struct, gc=False):
-    """The ``args`` entries that name a cast's dtypes and shape, left undecoded."""
+    """The ``args`` entries that name a cast's dtypes and shape, left undecoded, and its
+    autograd sequence number."""
 
     types: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
     concrete: msgspec.Raw = msgspec.field(default=_NULL, name="Concrete Inputs")
     dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
+    sequence: int = msgspec.field(default=-1, name="Sequence number")
 
 
 _CAST_ARGS = msgspec.json.Decoder(_CastArgs)
@@ -167,11 +208,9 @@ def _describe(name: str, entries: bytes) -> _Described:
     types_, first_dims = _list(types), _at(_list(dims), 0)
     if name == "aten::copy_":
         dst, src = _at(types_, 0), _at(types_, 1)
-    elif name in CAST_OPS:
+    else:
         code = _at(_list(concrete), 1)
         src, dst = _at(types_, 0), _scalar_type(code) if isinstance(code, str) and code else None
-    else:
-        src = dst = None
     pair = tuple(dtype_of(t) if t and isinstance(t, str) else UNKNOWN for t in (src, dst))
     try:
         shape = None if first_dims is None else msgspec.convert(first_dims, tuple[int, ...])
@@ -189,14 +228,49 @@ def _direction(source: str, target: str) -> str:
     return DOWN if b < a else UP if b > a else SIDEWAYS
 
 
-def _is_compiled_convert(name: str) -> bool:
-    return not name.startswith("aten::") and any(m in name for m in COMPILED_MARKS)
+def fused_kind(name: str) -> str | None:
+    """Which kind of fused cast a kernel of this name is (a key of :data:`FUSED_KINDS`), or
+    None. ATen ops and Python frames are never fused casts."""
+    if name.startswith("aten::"):
+        return None
+    return next((kind for kind, mark in FUSED_KINDS.items() if mark.search(name)), None)
 
 
 def needs_args(name: str) -> bool:
     """Whether the report reads the ``args`` of events with this name: pass it to
     :func:`mpguide.trace.load` as ``args_of`` to keep only those."""
-    return name in CAST_OPS or _is_compiled_convert(name)
+    return name in CAST_OPS or name.startswith(TO_COPY_BACKWARD)
+
+
+def _function(name: str) -> str:
+    """The function a kernel's C++ name calls, without its return type, template arguments
+    and parameters: ``'void ns::kernel<4, f>(int)'`` -> ``'ns::kernel'``."""
+    angle = paren = 0
+    kept = []
+    for ch in name:
+        if ch == "(":
+            paren += 1
+        elif ch == ")":
+            paren -= 1
+        elif paren == 0 and ch == "<":
+            angle += 1
+        elif paren == 0 and ch == ">":
+            angle -= 1
+        elif paren == angle == 0:
+            kept.append(ch)
+    words = "".join(kept).split()
+    return words[-1] if words else name
+
+
+def kernel_label(name: str) -> str:
+    """A fused-cast kernel's name short enough to read: its function, and the part of the
+    name that says it converts when the function does not (``'ns::f [ns::_typeConvert]'``)."""
+    kind = fused_kind(name)
+    function = _function(name)
+    if kind is None or FUSED_KINDS[kind].search(function):
+        return function
+    word = re.search(rf"[\w:]*(?:{FUSED_KINDS[kind].pattern})[\w:]*", name, FUSED_KINDS[kind].flags)
+    return f"{function} [{word[0] if word else kind}]"
 
 
 class Cast(NamedTuple):
@@ -215,6 +289,8 @@ class Cast(NamedTuple):
     gpu_us: float
     share: float | None
     backward: bool
+    module: str | None = None
+    forward_id: int | None = None
 
     @property
     def direction(self) -> str:
@@ -223,6 +299,11 @@ class Cast(NamedTuple):
     @property
     def pass_(self) -> str:
         return "backward" if self.backward else "forward"
+
+    @property
+    def scalar(self) -> bool:
+        """Whether it converts a 0-d tensor (a few bytes)."""
+        return self.shape == ()
 
 
 COLUMNS = (
@@ -242,41 +323,145 @@ COLUMNS = (
 )
 
 
+def _significant(x: float) -> float:
+    """``x`` to four significant digits: a small share stays visible, never 0."""
+    return float(f"{x:.4g}")
+
+
+def _limited(columns, rows: list, folded: list, limit: int | None, caption: str, notes: list):
+    """A table of the first ``limit`` rows (all for None), then the folded rows; a note says
+    how many rows were left out."""
+    if limit is not None and limit < 1:
+        raise MPGuideError(f"limit must be 1 or more (None for no limit), got {limit}")
+    shown = rows if limit is None else rows[:limit]
+    if len(shown) < len(rows):
+        notes = [
+            f"... {len(rows) - len(shown):,} more rows not shown ({len(shown):,} of {len(rows):,})",
+            *notes,
+        ]
+    return Table(tuple(columns), tuple(shown + folded), caption, tuple(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class FusedCasts:
+    """Kernels that convert dtypes inside their own work, outside any cast op, one array per
+    column: ``ids``, ``kind`` (index into :data:`FUSED_KINDS`' keys), ``kernel`` (index into
+    ``kernels``, short names), ``cause`` (index into ``causes``), ``backward``, ``us`` (the
+    kernel's own duration) and ``gpu`` (whether it ran on the device)."""
+
+    ids: np.ndarray
+    kind: np.ndarray
+    kernel: np.ndarray
+    cause: np.ndarray
+    backward: np.ndarray
+    us: np.ndarray
+    gpu: np.ndarray
+    kernels: list[str]
+    causes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def total_us(self) -> float:
+        return float(self.us.sum())
+
+    def table(self, *, limit: int | None = None) -> Table:
+        """One row per kernel, kind, cause and pass: how many ran and their time, most time
+        first."""
+        kinds = list(FUSED_KINDS)
+        n_c = len(self.causes)
+        group = ((self.kernel * len(kinds) + self.kind) * n_c + self.cause) * 2 + self.backward
+        present, first, which = np.unique(group, return_index=True, return_inverse=True)
+        k = len(present)
+        count = np.bincount(which, minlength=k)
+        us = np.bincount(which, self.us, k)
+        on_gpu = np.bincount(which, self.gpu, k) > 0
+        rows = []
+        for key, n, t, g in zip(*(x.tolist() for x in (present, count, us, on_gpu)), strict=True):
+            rest, backward = divmod(key, 2)
+            rest, cause = divmod(rest, n_c)
+            kernel, kind = divmod(rest, len(kinds))
+            rows.append(
+                (
+                    self.kernels[kernel],
+                    kinds[kind],
+                    self.causes[cause],
+                    ("forward", "backward")[backward],
+                    "gpu" if g else "cpu",
+                    n,
+                    round(t, 3),
+                )
+            )
+        rows = [rows[i] for i in np.lexsort((first, -us)).tolist()]
+        columns = ("kernel", "kind", "cause", "pass", "device", "kernels", "kernel us")
+        caption = (
+            f"{len(self)} fused cast kernel{'' if len(self) == 1 else 's'}, "
+            f"{self.total_us:.4g} us: their dtypes are not in the trace, their time is the "
+            "whole kernel's"
+        )
+        return _limited(columns, rows, [], limit, caption, [])
+
+    def __repr__(self) -> str:
+        return self.table().to_text()
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html()
+
+
 @dataclass(frozen=True, eq=False)
 class CastReport:
     """Every cast found in a tree, as one array per column, with the time of the profiled
     steps they fall in. :attr:`casts` lists them one by one; the summaries are computed on
-    the columns.
+    the columns; :attr:`fused` holds the casts fused into kernels.
 
-    Per cast: ``ids`` (node id), ``op`` and ``cause`` (indexes into ``names``),
-    ``cause_ids`` (-1 at top level), ``pair`` (index into ``pairs``), ``shape`` (index into
-    ``shapes``), ``cpu_us`` and ``gpu_us``, the causing op's own ``cause_cpu_us`` and
-    ``cause_gpu_us``, and ``backward``.
+    Per cast: ``ids`` (node id), ``op`` (index into ``names``), ``cause`` (index into
+    ``causes``), ``cause_ids`` (the causing op, module or frame; -1 for none), ``module``
+    (index into ``modules``, whose None is no module), ``forward_ids`` (of a backward cast,
+    the forward cast it is the gradient of; else -1), ``pair`` (index into ``pairs``),
+    ``shape`` (index into ``shapes``), ``cpu_us`` and ``gpu_us``, the causing node's own
+    ``cause_cpu_us`` and ``cause_gpu_us`` and the part of the cast inside it (``inside_us``),
+    and ``backward``. ``step_us`` is None when the trace has no ``ProfilerStep#N`` range;
+    ``untyped`` counts the copy chains whose dtypes the trace does not name; ``notes`` say
+    what the trace lacked.
     """
 
     ids: np.ndarray
     op: np.ndarray
     cause: np.ndarray
     cause_ids: np.ndarray
+    module: np.ndarray
+    forward_ids: np.ndarray
     pair: np.ndarray
     shape: np.ndarray
     cpu_us: np.ndarray
     gpu_us: np.ndarray
     cause_cpu_us: np.ndarray
     cause_gpu_us: np.ndarray
+    inside_us: np.ndarray
     backward: np.ndarray
     names: list[str]
+    causes: list[str]
+    modules: list[str | None]
     pairs: list[tuple[str, str]]
     shapes: list[tuple[int, ...] | None]
-    step_us: float
+    step_us: float | None
+    fused: FusedCasts
     source: str = ""
     gpu: bool = False
+    untyped: int = 0
+    notes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __iter__(self):
         return iter(self.casts)
+
+    @cached_property
+    def scalar(self) -> np.ndarray:
+        """Mask of the casts of 0-d tensors."""
+        return np.array([s == () for s in self.shapes], dtype=bool)[self.shape]
 
     def _bytes(self) -> tuple[np.ndarray, np.ndarray]:
         """Bytes read and written per cast, NaN where the size or shape is unknown."""
@@ -287,6 +472,11 @@ class CastReport:
         n = numel[self.shape]
         return n * size_in[self.pair], n * size_out[self.pair]
 
+    def _share(self, cpu: list[float]) -> list[float | None]:
+        if self.step_us is None:
+            return [None] * len(cpu)
+        return [_significant(c / self.step_us) for c in cpu]
+
     @cached_property
     def casts(self) -> tuple[Cast, ...]:
         """One :class:`Cast` per row."""
@@ -294,11 +484,10 @@ class CastReport:
         read, written = (list(map(_count, b.tolist())) for b in self._bytes())
         pair = [pairs[k] for k in self.pair.tolist()]
         cpu = self.cpu_us.tolist()
-        share = [c / self.step_us for c in cpu] if self.step_us else [None] * len(cpu)
         columns = (
             self.ids.tolist(),
             [names[k] for k in self.op.tolist()],
-            [names[k] for k in self.cause.tolist()],
+            [self.causes[k] for k in self.cause.tolist()],
             [None if i < 0 else i for i in self.cause_ids.tolist()],
             [p[0] for p in pair],
             [p[1] for p in pair],
@@ -307,52 +496,97 @@ class CastReport:
             written,
             cpu,
             self.gpu_us.tolist(),
-            share,
+            self._share(cpu),
             self.backward.tolist(),
+            [self.modules[k] for k in self.module.tolist()],
+            [None if i < 0 else i for i in self.forward_ids.tolist()],
         )
         return tuple(map(Cast._make, zip(*columns, strict=True)))
 
-    def _fit(self, table: Table) -> Table:
+    def _fit(self, columns: tuple[str, ...], rows: list) -> tuple[tuple[str, ...], list]:
         """Without the GPU columns when the trace has no GPU events."""
         if self.gpu:
-            return table
-        keep = [i for i, c in enumerate(table.columns) if "gpu" not in c]
-        rows = tuple(tuple(r[i] for i in keep) for r in table.rows)
-        return Table(tuple(table.columns[i] for i in keep), rows, table.caption, table.notes)
+            return columns, rows
+        keep = [i for i, c in enumerate(columns) if "gpu" not in c]
+        return tuple(columns[i] for i in keep), [tuple(r[i] for i in keep) for r in rows]
 
-    def table(self) -> Table:
-        """One row per cast (GPU time only when the trace has GPU events)."""
-        n, names, pairs = len(self), self.names, self.pairs
-        pair = self.pair.tolist()
+    def _notes(self, bytes_unknown: bool) -> list[str]:
+        notes = list(self.notes)
+        if bytes_unknown:
+            notes.append("bytes are blank where the trace has no shape for the cast")
+        if self.step_us is None and len(self):
+            notes.append("share of step is blank: the trace has no ProfilerStep#N range")
+        if len(self.fused):
+            notes.append(
+                f"{len(self.fused)} casts fused into kernels ({self.fused.total_us:.4g} us of "
+                "kernel time) are not in these rows: --by fused lists them"
+            )
+        return notes
+
+    def _folded(self, keep: np.ndarray, columns: tuple[str, ...], label: str) -> list[tuple]:
+        """The one row, in ``columns``, that stands for the 0-d casts left out of ``keep``,
+        labelled in column ``label``."""
+        out = ~keep
+        n = int(out.sum())
+        if not n:
+            return []
+        written = self._bytes()[1][out]
+        cpu = float(self.cpu_us[out].sum())
+        cells = {
+            label: FOLDED if "casts" in columns else f"{FOLDED[:-1]}: {n}, folded)",
+            "casts": n,
+            "bytes written": None if np.isnan(written).any() else int(written.sum()),
+            "cpu us": round(cpu, 3),
+            "gpu us": round(float(self.gpu_us[out].sum()), 3),
+            "share of step": None if self.step_us is None else _significant(cpu / self.step_us),
+        }
+        return [tuple(cells.get(c) for c in columns)]
+
+    def table(self, by: str = "cast", *, scalars: bool = True, limit: int | None = None) -> Table:
+        """One row per cast (``by="cast"``), a :meth:`summary` (``by`` one of
+        :data:`SUMMARY_KEYS`), or the fused casts (``"fused"``). Without ``scalars`` the
+        casts of 0-d tensors are folded into one last row; ``limit`` caps the other rows."""
+        if by == "fused":
+            return self.fused.table(limit=limit)
+        if by != "cast":
+            return self.summary(by, scalars=scalars, limit=limit)
+        keep = np.ones(len(self), bool) if scalars else ~self.scalar
+        names, pairs = self.names, self.pairs
         direction = [_direction(*p) for p in pairs]
         shape = ["x".join(map(str, s)) if s is not None else None for s in self.shapes]
-        cpu = self.cpu_us.tolist()
-        read, written = (list(map(_count, b.tolist())) for b in self._bytes())
+        read_b, written_b = self._bytes()
+        at = np.flatnonzero(keep)
+        pair = self.pair[at].tolist()
+        cpu = self.cpu_us[at].tolist()
         cells = {
-            "id": self.ids.tolist(),
-            "op": [names[k] for k in self.op.tolist()],
-            "cause": [names[k] for k in self.cause.tolist()],
-            "pass": [("forward", "backward")[b] for b in self.backward.tolist()],
+            "id": self.ids[at].tolist(),
+            "op": [names[k] for k in self.op[at].tolist()],
+            "cause": [self.causes[k] for k in self.cause[at].tolist()],
+            "pass": [("forward", "backward")[b] for b in self.backward[at].tolist()],
             "source": [pairs[k][0] for k in pair],
             "target": [pairs[k][1] for k in pair],
             "direction": [direction[k] for k in pair],
-            "shape": [shape[k] for k in self.shape.tolist()],
-            "bytes read": read,
-            "bytes written": written,
+            "shape": [shape[k] for k in self.shape[at].tolist()],
+            "bytes read": list(map(_count, read_b[at].tolist())),
+            "bytes written": list(map(_count, written_b[at].tolist())),
             "cpu us": [round(c, 3) for c in cpu],
-            "gpu us": [round(g, 3) for g in self.gpu_us.tolist()],
-            "share of step": [round(c / self.step_us, 4) for c in cpu]
-            if self.step_us
-            else [None] * n,
+            "gpu us": [round(g, 3) for g in self.gpu_us[at].tolist()],
+            "share of step": self._share(cpu),
         }
-        columns = tuple(c for c in COLUMNS if self.gpu or "gpu" not in c)
+        rows = list(zip(*(cells[c] for c in COLUMNS), strict=True))
+        columns, rows = self._fit(COLUMNS, rows)
+        folded = self._folded(keep, columns, "cause")
+        n = len(self)
         caption = f"{n} cast{'' if n == 1 else 's'} in {self.source or 'the trace'}"
-        return Table(columns, tuple(zip(*(cells[c] for c in columns), strict=True)), caption)
+        unknown = bool(np.isnan(written_b).any())
+        return _limited(columns, rows, folded, limit, caption, self._notes(unknown))
 
     def _groups(self, by: str) -> tuple[np.ndarray, list[tuple]]:
         """Each cast's group under ``by``, and each group's key cells."""
         if by == "cause":
-            return self.cause, [(n,) for n in self.names]
+            return self.cause, [(n,) for n in self.causes]
+        if by == "module":
+            return self.module, [(NO_MODULE if m is None else m,) for m in self.modules]
         if by == "pair":
             return self.pair, self.pairs
         if by == "pass":
@@ -360,54 +594,76 @@ class CastReport:
         direction, labels = codes((_direction(*p) for p in self.pairs), len(self.pairs))
         return direction[self.pair], [(d,) for d in labels]
 
-    def summary(self, by: str = "cause") -> Table:
-        """Casts aggregated by ``cause``, ``pair`` (source and target), ``direction`` or
-        ``pass``: count, bytes, CPU and GPU time, and share of the profiled steps, largest
-        CPU time first.
+    def summary(
+        self, by: str = "cause", *, scalars: bool = True, limit: int | None = None
+    ) -> Table:
+        """Casts aggregated by ``cause``, ``module``, ``pair`` (source and target),
+        ``direction`` or ``pass``: count, bytes, CPU and GPU time, and share of the profiled
+        steps, largest CPU time first. Without ``scalars`` the casts of 0-d tensors are
+        folded into one last row; ``limit`` caps the other rows.
 
-        By cause, ``op cpu us`` and ``op gpu us`` are the time of the causing ops less the
-        casts in them, to set a cast's cost against the work of the op that asked for it.
+        By cause, ``cause cpu us`` and ``cause gpu us`` are the time of the causing nodes
+        (op, module or frame) less the casts in them, to set a cast's cost against the work
+        of what asked for it.
         """
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")
+        keep = np.ones(len(self), bool) if scalars else ~self.scalar
         group, labels = self._groups(by)
-        present, first, which = np.unique(group, return_index=True, return_inverse=True)
+        written_all = self._bytes()[1]
+        at = np.flatnonzero(keep)
+        present, first, which = np.unique(group[at], return_index=True, return_inverse=True)
         k = len(present)
         count = np.bincount(which, minlength=k)
-        written = np.bincount(which, np.nan_to_num(self._bytes()[1]), k)
-        cpu = np.bincount(which, self.cpu_us, k)
-        gpu = np.bincount(which, self.gpu_us, k)
-        columns = [present, count, written, cpu, gpu]
+        written = written_all[at]
+        unknown = np.bincount(which, np.isnan(written), k) > 0
+        total = np.bincount(which, np.nan_to_num(written), k)
+        cpu = np.bincount(which, self.cpu_us[at], k)
+        gpu = np.bincount(which, self.gpu_us[at], k)
+        columns = [present, count, total, unknown, cpu, gpu]
         if by == "cause":
-            columns += self._own_time(present)
+            columns += self._own_time(at, present)
         rows = []
-        for key, n, w, c, g, *own in zip(*(x.tolist() for x in columns), strict=True):
-            share = round(c / self.step_us, 4) if self.step_us else None
+        for key, n, w, u, c, g, *own in zip(*(x.tolist() for x in columns), strict=True):
+            share = None if self.step_us is None else _significant(c / self.step_us)
             times = [round(t, 3) for t in (c, g, *own)]
-            rows.append((*labels[key], n, int(w), *times, share))
+            rows.append((*labels[key], n, None if u else int(w), *times, share))
         rows = [rows[i] for i in np.lexsort((first, -cpu)).tolist()]
-        extra = ("op cpu us", "op gpu us") if by == "cause" else ()
+        extra = ("cause cpu us", "cause gpu us") if by == "cause" else ()
         keys = SUMMARY_KEYS[by]
-        columns = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
-        return self._fit(Table(columns, tuple(rows), caption=f"casts by {by}"))
+        names = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
+        names_fit, rows = self._fit(names, rows)
+        folded = self._folded(keep, names_fit, keys[0])
+        notes = self._notes(bool(np.isnan(written_all).any()))
+        return _limited(names_fit, rows, folded, limit, f"casts by {by}", notes)
 
-    def _own_time(self, present: np.ndarray) -> list[np.ndarray]:
-        """Per cause in ``present``, the CPU and GPU time of its ops less their casts."""
-        ops, first, which = np.unique(self.cause_ids, return_index=True, return_inverse=True)
-        at = np.searchsorted(present, self.cause[first])
+    def _own_time(self, at: np.ndarray, present: np.ndarray) -> list[np.ndarray]:
+        """Per cause in ``present``, the CPU and GPU time of its causing nodes less the part
+        of their casts (among ``at``) inside them."""
+        cause_ids, cause = self.cause_ids[at], self.cause[at]
+        ops, first, which = np.unique(cause_ids, return_index=True, return_inverse=True)
+        where = np.searchsorted(present, cause[first])
         out = []
-        for own, cast in ((self.cause_cpu_us, self.cpu_us), (self.cause_gpu_us, self.gpu_us)):
+        for own, cast in (
+            (self.cause_cpu_us[at], self.inside_us[at]),
+            (self.cause_gpu_us[at], self.gpu_us[at]),
+        ):
             per_op = own[first] - np.bincount(which, cast, len(ops))
-            out.append(np.bincount(at, np.where(ops >= 0, per_op, 0.0), len(present)))
+            out.append(np.bincount(where, np.where(ops >= 0, per_op, 0.0), len(present)))
         return out
 
     def __repr__(self) -> str:
-        return self.summary("cause").to_text()
+        text = self.summary("cause").to_text()
+        return f"{text}\n\n{self.fused!r}" if len(self.fused) else text
 
     def _repr_html_(self) -> str:
         n = len(self)
-        head = escape(f"{n} cast{'' if n == 1 else 's'} in {self.step_us:.1f} us of profiled steps")
-        return f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}"
+        steps = "" if self.step_us is None else f" in {self.step_us:.1f} us of profiled steps"
+        head = escape(f"{n} cast{'' if n == 1 else 's'}{steps}")
+        fused = self.fused.table().to_html() if len(self.fused) else ""
+        return (
+            f"<p>{head}</p>{self.summary('cause').to_html()}{self.summary('pair').to_html()}{fused}"
+        )
 
 
 def _count(value: float) -> int | None:
@@ -439,46 +695,121 @@ def _steps(tree: Tree) -> np.ndarray:
     return tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
 
 
-def _contexts(tree: Tree, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each cast's causing ancestor (-1 for none), and whether it runs in backward; the
-    ancestors of all casts are walked together, one level per step."""
-    skip = tree.named(CAST_OPS.__contains__) | tree.in_category(PYTHON.__eq__) | _steps(tree)
-    in_backward = tree.named(lambda n: n.startswith(BACKWARD_MARK))
-    cause = np.full(len(ids), -1, dtype=np.int64)
-    backward = np.zeros(len(ids), dtype=bool)
-    up = tree.parent[ids]
-    live = np.flatnonzero(up >= 0)
-    while len(live):
-        a = up[live]
-        backward[live] |= in_backward[a]
-        found = (cause[live] < 0) & ~skip[a]
-        cause[live[found]] = a[found]
-        up[live] = tree.parent[a]
-        live = live[up[live] >= 0]
-    return cause, backward
-
-
-def _steps_us(tree: Tree) -> float:
+def _steps_us(tree: Tree) -> float | None:
+    """The time of the profiled steps, None without a ``ProfilerStep#N`` range."""
     steps = _steps(tree) & tree.included
-    if steps.any():
-        return sum(tree.dur_us[steps].tolist())
-    return sum(n.dur for nodes in tree.roots().values() for n in nodes if n.cat in (OP, ANNOTATION))
+    return sum(tree.dur_us[steps].tolist()) if steps.any() else None
+
+
+class _Context(NamedTuple):
+    """What the tree says above each cast: the nearest causing op below the Python code,
+    the innermost module and Python frame below the backward node, the nearest backward node
+    and cast op (-1 where none)."""
+
+    op: np.ndarray
+    module: np.ndarray
+    frame: np.ndarray
+    grad: np.ndarray
+    cast_op: np.ndarray
+
+
+def _contexts(tree: Tree, ids: np.ndarray) -> _Context:
+    python = tree.in_category(PYTHON.__eq__)
+    cast_op = tree.named(CAST_OPS.__contains__)
+    not_work = tree.in_category(lambda c: c in RUNTIME_CATEGORIES or c.startswith("gpu_"))
+    causing = ~(cast_op | python | _steps(tree) | not_work)
+    module = python & tree.named(lambda n: n.startswith(MODULE_MARK))
+    frame = python & tree.named(lambda n: frame_place(n) is not None)
+    grad = tree.named(lambda n: n.startswith(BACKWARD_MARK))
+    found = _Context(*tree.nearest(ids, causing, module, frame, grad, cast_op))
+    # What lies above the Python code (a range such as a step's) or above the backward node
+    # (the Python code that called backward()) is context, not cause.
+    depth = np.append(tree.depth, -1)
+    found.op[depth[found.op] < np.maximum(depth[found.module], depth[found.frame])] = -1
+    for above in (found.module, found.frame):
+        above[depth[above] < depth[found.grad]] = -1
+    return found
+
+
+def _label(op: str | None, module: str | None, frame: str | None) -> tuple[str, str | None]:
+    """A cause as the reader reads it, and its module's class."""
+    cls = None if module is None else module_class(module)
+    place = None if frame is None else frame_place(frame)
+    head = cls or (place[2] if place else None)
+    if head is None:
+        return op or TOP_LEVEL, None
+    text = f"{head} ({place[0]}:{place[1]})" if place else head
+    return (f"{text}, {op}" if op else text), cls
+
+
+def _causes(tree: Tree, ctx: _Context) -> tuple[np.ndarray, list[str], np.ndarray, list]:
+    """Each cast's cause (index into the labels) and module (index into the classes)."""
+    name = tree.trace.name
+    parts = [np.where(i >= 0, name.codes[np.maximum(i, 0)], -1) for i in ctx[:3]]
+    keys, key = np.unique(np.stack(parts, axis=1), axis=0, return_inverse=True)
+    found = [_label(*(None if k < 0 else name.values[k] for k in row)) for row in keys.tolist()]
+    key = key.reshape(-1)
+    cause, labels = codes((text for text, _ in found), len(found))
+    module, classes = codes((cls for _, cls in found), len(found))
+    return cause[key], labels, module[key], classes
+
+
+def _tie_backward(tree: Tree, ids: np.ndarray, sequence: np.ndarray, pair, pairs, ctx: _Context):
+    """For each cast, the forward cast whose gradient it is (-1 for none).
+
+    A cast under a ``ToCopyBackward`` node is tied to the forward cast that made the node:
+    the ops a thread runs share one sequence number until an op makes a backward node, so
+    that op is the last with the node's number; taken in the same process, and only when it
+    converts the other way."""
+    forward = np.full(len(ids), -1, dtype=np.int64)
+    grad = ctx.grad
+    tied = grad >= 0
+    tied[tied] = tree.named(lambda n: n.startswith(TO_COPY_BACKWARD))[grad[tied]]
+    fwd = np.flatnonzero((grad < 0) & (sequence >= 0))
+    if not (tied.any() and len(fwd)):
+        return forward
+    pid = tree.trace.pid.codes
+    n_pid = len(tree.trace.pid.values)
+    fwd = fwd[np.argsort(-tree.trace.ts[ids[fwd]], kind="stable")]
+    unique, last = np.unique(sequence[fwd] * n_pid + pid[ids[fwd]], return_index=True)
+    at = np.flatnonzero(tied)
+    wanted = tree.sequence_numbers(grad[at]) * n_pid + pid[ids[at]]
+    pos = np.minimum(np.searchsorted(unique, wanted), len(unique) - 1)
+    candidate = fwd[last[pos]]
+    reverse = np.array([pairs.index(p[::-1]) if p[::-1] in pairs else -1 for p in pairs])
+    hit = (unique[pos] == wanted) & (reverse[pair[at]] == pair[candidate])
+    forward[at[hit]] = candidate[hit]
+    return forward
+
+
+def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
+    """The events whose name marks a fused cast, in time order, and their kind: kernels,
+    and CPU events that launched no GPU work (a CPU event that did is left to its kernels)."""
+    kinds = list(FUSED_KINDS)
+    kind_of = [kinds.index(k) if (k := fused_kind(n)) else -1 for n in tree.trace.name.values]
+    kind = np.array(kind_of, dtype=np.int64)[tree.trace.name.codes]
+    frames = tree.in_category(lambda c: c == PYTHON or c in RUNTIME_CATEGORIES)
+    candidate = (kind >= 0) & ~frames
+    candidate[candidate] = tree.gpu_work[candidate] | (tree.gpu_us[candidate] == 0)
+    ids = tree.order[candidate[tree.order]]
+    return ids, kind[ids]
 
 
 @paused_gc()
 def report(tree: Tree) -> CastReport:
-    """Every cast in ``tree``: a chain of cast ops whose dtypes differ, or a compiled convert
-    kernel. Share is CPU time over the time of the profiled steps (``ProfilerStep#N``) or,
-    without steps, of the top-level ops."""
+    """Every cast in ``tree``: a chain of cast ops whose dtypes differ, with its cause (see
+    the module docs), and the casts fused into kernels. Share is CPU time over the time of
+    the profiled steps (``ProfilerStep#N``); unknown without them."""
     is_cast_op = tree.named(CAST_OPS.__contains__)
     under_cast = np.zeros_like(is_cast_op)
     has_parent = tree.parent >= 0
     under_cast[has_parent] = is_cast_op[tree.parent[has_parent]]
-    tops = (is_cast_op & ~under_cast) | tree.named(_is_compiled_convert)
+    tops = is_cast_op & ~under_cast
     ids = tree.order[tops[tree.order]]
     names = tree.trace.name
     raws = b"[" + b",".join(tree.trace.args.raws(ids)) + b"]"
     args = _cast_args(_CAST_ARGS_LIST, raws, tree.trace.source)
+    sequence = np.fromiter(map(attrgetter("sequence"), args), np.int64, len(args))
     top_names = map(names.values.__getitem__, names.codes[ids].tolist())
     shape, keys = codes(map(_key, top_names, args), len(ids))
     described = [_describe(*key) for key in keys]
@@ -486,36 +817,99 @@ def report(tree: Tree) -> CastReport:
     pair = pair_of_key[shape]
     known = np.array([UNKNOWN not in p for p in pairs], dtype=bool)[pair]
     same = np.array([p[0] == p[1] for p in pairs], dtype=bool)[pair]
-    cast_op = is_cast_op[ids]
-    kept = ~cast_op | (known & ~same)
+    nothing = np.array([p == (UNKNOWN, UNKNOWN) for p in pairs], dtype=bool)[pair]
+    kept = known & ~same
     pairs = list(pairs)
-    for k in np.flatnonzero(cast_op & ~known).tolist():
+    untyped = 0
+    for k in np.flatnonzero(~known).tolist():
         found = _chain_pair(tree, int(ids[k]))
         if found is not None:
             kept[k] = True
             pairs.append(found)
             pair[k] = len(pairs) - 1
-    ids, pair, shape = ids[kept], pair[kept], shape[kept]
-    cause_ids, backward = _contexts(tree, ids)
+        else:
+            untyped += int(nothing[k])
+    ids, pair, shape, sequence = ids[kept], pair[kept], shape[kept], sequence[kept]
+    fused_ids, fused_kinds = _fused(tree)
+    n = len(ids)
+    ctx = _contexts(tree, np.concatenate((ids, fused_ids)))
+    cause_ids = np.where(ctx.op >= 0, ctx.op, np.where(ctx.module >= 0, ctx.module, ctx.frame))
+    forward = _tie_backward(tree, ids, sequence, pair, pairs, _Context(*(c[:n] for c in ctx)))
+    tied = np.flatnonzero(forward >= 0)
+    for part in ctx[:3]:
+        part[tied] = part[forward[tied]]
+    cause, causes, module, modules = _causes(tree, ctx)
+    backward = ctx.grad >= 0
+    dur, gpu_us = tree.dur_us, tree.gpu_us
+    alone = ctx.cast_op[n:] < 0
+    fid = fused_ids[alone]
+    fused_cause = cause[n:][alone]
+    unlaunched = tree.gpu_work[fid] & (tree.parent[fid] < 0)
+    if unlaunched.any():
+        fused_cause[unlaunched] = len(causes)
+        causes.append(NO_LAUNCH)
+    label = {k: kernel_label(names.values[k]) for k in np.unique(names.codes[fid]).tolist()}
+    kernel, kernels = codes(map(label.__getitem__, names.codes[fid].tolist()), len(fid))
+    fused = FusedCasts(
+        ids=fid,
+        kind=fused_kinds[alone],
+        kernel=kernel,
+        cause=fused_cause,
+        backward=backward[n:][alone],
+        us=dur[fid],
+        gpu=tree.gpu_work[fid],
+        kernels=kernels,
+        causes=causes,
+    )
+    cause_ids = cause_ids[:n]
     caused = cause_ids >= 0
-    name_code, names = tree.trace.name
-    dur, gpu = tree.dur_us, tree.gpu_us
+    at = np.maximum(cause_ids, 0)
+    ts = tree.trace.ts
+    inside = np.minimum(ts[ids] + dur[ids], ts[at] + dur[at]) - np.maximum(ts[ids], ts[at])
     return CastReport(
         ids=ids,
-        op=name_code[ids],
-        cause=np.where(caused, name_code[cause_ids], len(names)),
+        op=names.codes[ids],
+        cause=cause[:n],
         cause_ids=cause_ids,
+        module=module[:n],
+        forward_ids=np.where(forward >= 0, ids[np.maximum(forward, 0)], -1),
         pair=pair,
         shape=shape,
         cpu_us=dur[ids],
-        gpu_us=gpu[ids],
-        cause_cpu_us=np.where(caused, dur[cause_ids], 0.0),
-        cause_gpu_us=np.where(caused, gpu[cause_ids], 0.0),
-        backward=backward,
-        names=[*names, "(top level)"],
+        gpu_us=gpu_us[ids],
+        cause_cpu_us=np.where(caused, dur[at], 0.0),
+        cause_gpu_us=np.where(caused, gpu_us[at], 0.0),
+        inside_us=np.where(caused, np.maximum(inside, 0.0), dur[ids]),
+        backward=backward[:n],
+        names=names.values,
+        causes=causes,
+        modules=modules,
         pairs=pairs,
         shapes=[s for _, s in described],
         step_us=_steps_us(tree),
+        fused=fused,
         source=tree.trace.source,
         gpu=bool(tree.gpu_work.any()),
+        untyped=untyped,
+        notes=tuple(_lacks(tree, n, untyped)),
     )
+
+
+def _lacks(tree: Tree, n: int, untyped: int) -> list[str]:
+    """What the trace lacked that the report would have used."""
+    notes = []
+    if untyped:
+        notes.append(
+            f"{untyped} copy chains name no dtypes (recorded without record_shapes): they may "
+            "be casts and are not counted"
+        )
+    python = tree.in_category(PYTHON.__eq__)
+    if n and not (python & tree.included).any():
+        notes.append(
+            "causes are ops: the tree was built without its python_function events "
+            "(python=True names modules and lines)"
+            if python.any()
+            else "causes are ops: the trace has no Python stack (record with with_stack=True "
+            "to name modules and lines)"
+        )
+    return notes

@@ -129,13 +129,16 @@ def _tree(args: argparse.Namespace) -> str:
 def _casts(args: argparse.Namespace) -> str:
     from mpguide import casts
 
-    tree = _load(args, casts.needs_args).tree()
+    if args.limit < 0:
+        raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
+    tree = _load(args, casts.needs_args).tree(python=True)
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
-    report = casts.report(tree)
-    if args.by == "cast":
-        return report.table().render(args.format)
-    return report.summary(args.by).render(args.format)
+    table = casts.report(tree).table(args.by, scalars=args.scalars, limit=args.limit or None)
+    if args.format == "csv":  # CSV has no place for them
+        for note in table.notes:
+            print(f"mpguide: note: {note}", file=sys.stderr)
+    return table.render(args.format)
 
 
 SPEC = "FILE.py:NAME or package.module:NAME"
@@ -408,17 +411,33 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "casts",
         help="report the dtype casts in a chrome trace and what they cost",
-        description="Report every dtype cast in a chrome trace from torch.profiler: the op "
-        "that caused it, source and target dtype, bytes, CPU and GPU time.",
+        description="Report the dtype casts in a chrome trace from torch.profiler: what "
+        "caused them (the module and source line when the trace has the Python stack, else "
+        "the op), source and target dtype, bytes, CPU and GPU time; and apart, the casts fused "
+        "into compiled or vendor kernels.",
     )
     s.add_argument("trace", help="path to the trace (.json or .json.gz), or - for stdin")
     _add_max_bytes(s)
     s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.add_argument(
         "--by",
-        default="cast",
-        choices=("cast", "cause", "pair", "direction", "pass"),
-        help="one row per cast (default), or a summary by cause, dtype pair, direction or pass",
+        default="cause",
+        choices=("cause", "module", "pair", "direction", "pass", "cast", "fused"),
+        help="a summary by cause (default), module, dtype pair, direction or pass; one row "
+        "per cast (cast); or the casts fused into kernels (fused)",
+    )
+    s.add_argument(
+        "--limit",
+        type=int,
+        default=25,
+        help="most rows shown, largest first (one row per cast: in time order); a note says "
+        "how many more there are (default %(default)s; 0 for all)",
+    )
+    s.add_argument(
+        "--scalars",
+        action="store_true",
+        help="show the casts of 0-d tensors (an optimizer's step counts and scales, a few "
+        "bytes each) as rows of their own instead of folded into one",
     )
     s.set_defaults(run=_casts)
 

@@ -1121,3 +1121,32 @@ def module_errors(reports: Mapping[str, ModuleReport], *, title: str = "") -> Fi
 
 
 # --- Real traces: casts by module, fused casts, ranks ---
+
+
+def cast_time_by_module(reports: Mapping[str, CastReport], *, title: str = "") -> Figure:
+    """The cast time of each report (a bar each, labelled by the mapping's keys) per module,
+    largest first, then the casts fused into kernels per kind: kernel time where the trace
+    has GPU events, else CPU time. Casts outside any module are ``(no module)``."""
+    from mpguide.casts import FUSED_KINDS, NO_MODULE
+
+    values: dict[str, dict[str, float]] = {}
+    for label, report in reports.items():
+        clock = report.gpu_us if report.gpu else report.cpu_us
+        for k, module in enumerate(report.modules):
+            mine = float(clock[report.module == k].sum())
+            if mine:
+                values.setdefault(module or NO_MODULE, {})[label] = mine
+        fused = report.fused
+        for k, kind in enumerate(FUSED_KINDS):
+            spent = float(fused.us[fused.kind == k].sum())
+            if spent:
+                values.setdefault(f"fused: {kind}", {})[label] = spent
+    if not values:
+        raise MPGuideError("no casts in these reports: nothing to draw")
+
+    def first(group: str) -> tuple[bool, float]:
+        return group.startswith("fused: "), -max(values[group].values())
+
+    ordered = {g: values[g] for g in sorted(values, key=first)}
+    units = "GPU kernel" if all(r.gpu for r in reports.values()) else "GPU kernel or CPU op"
+    return bars(ordered, xlabel=f"cast time ({units} µs)", title=title, log=True)

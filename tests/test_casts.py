@@ -1,4 +1,5 @@
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -59,12 +60,28 @@ def test_real_autocast_matmul_casts():
     assert 0 < down.share < 1
 
 
-def test_real_train_step_finds_backward_casts():
-    report = casts.report(trace.load(DATA / "train_step.json.gz").tree())
+def test_real_train_step_ties_backward_casts_to_their_forward_cast():
+    tree = trace.load(DATA / "train_step.json.gz").tree()
+    report = casts.report(tree)
     backward = [c for c in report if c.backward]
     assert backward and all(c.pass_ == "backward" for c in backward)
-    assert any(c.cause == "ToCopyBackward0" and c.source == "bfloat16" for c in backward)
-    forward_linear = [c for c in report if c.cause == "aten::linear"]
+    by_id = {c.id: c for c in report}
+    tied = [c for c in backward if c.forward_id is not None]
+    # Every cast under a ToCopyBackward0 node, and only those, is tied: read from the tree.
+    under_to_copy = {
+        c.id
+        for c in backward
+        if any(a.name.endswith(": ToCopyBackward0") for a in tree.node(c.id).ancestors())
+    }
+    assert {c.id for c in tied} == under_to_copy and len(tied) == 5
+    for c in tied:
+        f = by_id[c.forward_id]
+        assert not f.backward and (f.source, f.target) == (c.target, c.source)
+        assert f.shape == c.shape and c.cause == f.cause and c.module == f.module
+        node = next(a for a in tree.node(c.id).ancestors() if a.name.endswith("Backward0"))
+        assert node.field("Sequence number") == tree.node(f.id).field("Sequence number")
+    assert sum(c.cause == "aten::linear" for c in tied) == 4
+    forward_linear = [c for c in report if c.cause == "aten::linear" and not c.backward]
     assert forward_linear and all(c.target == "bfloat16" for c in forward_linear)
 
 
@@ -79,7 +96,7 @@ def test_one_row_per_chain_with_its_cause():
     assert (cast.cause, cast.source, cast.target) == ("aten::layer_norm", "bfloat16", "float32")
     assert (cast.bytes_read, cast.bytes_written) == (64, 128)
     row = report.summary("cause").records()[0]
-    assert row["cpu us"] == 10.0 and row["op cpu us"] == 90.0
+    assert row["cpu us"] == 10.0 and row["cause cpu us"] == 90.0
 
 
 def test_same_dtype_copies_are_not_casts():
@@ -102,9 +119,20 @@ def test_a_bare_copy_is_a_cast_and_python_frames_are_not_causes():
     assert cast.shape is None and cast.bytes_read is None
 
 
-def test_compiled_convert_kernels_are_casts_of_unknown_dtypes():
-    (cast,) = report_of(op("cpp_fused__to_copy_add_0", BASE, 5.0))
-    assert cast.source == cast.target == "?" and cast.direction == "?"
+def test_compiled_convert_kernels_are_fused_casts_apart_from_the_aten_casts():
+    report = report_of(op("aten::add", BASE, 20.0), op("cpp_fused__to_copy_add_0", BASE + 1, 5.0))
+    assert len(report) == 0 and len(report.fused) == 1
+    (row,) = report.fused.table().records()
+    assert row == {
+        "kernel": "cpp_fused__to_copy_add_0",
+        "kind": "compiled",
+        "cause": "aten::add",
+        "pass": "forward",
+        "device": "cpu",
+        "kernels": 1,
+        "kernel us": 5.0,
+    }
+    assert "1 casts fused into kernels (5 us of kernel time)" in report.summary().notes[-1]
 
 
 def test_fp8_scalar_type_codes():
@@ -172,7 +200,7 @@ def test_renderings():
     report = report_of(*to_chain(BASE, [4], "float", "c10::BFloat16", "15"))
     assert "float32  bfloat16  1" in repr(report.summary("pair"))
     html = report._repr_html_()
-    assert "<table" in html and "1 cast in" in html and "gpu us" not in html
+    assert "<table" in html and "<p>1 cast</p>" in html and "gpu us" not in html
     assert json.loads(report.table().to_json())["rows"][0]["target"] == "bfloat16"
 
 
@@ -209,3 +237,253 @@ def test_a_trace_keeping_only_the_args_casts_read_gives_the_same_report(
         add.field("Input Dims")
     with pytest.raises(MPGuideError, match="module-level function"):
         trace.load(path, args_of=lambda name: True)
+
+
+# -- Real GPU traces (tests/data/gpu; PROVENANCE.md says where each comes from) ---------------
+
+GPU = DATA / "gpu"
+H100_QWEN = GPU / "h100_qwen1.5-0.5b_bf16_inference.json.gz"
+MI300_QWEN = GPU / "mi300x_qwen1.5-0.5b_bf16_inference.json.gz"
+VLLM_GRAPH = GPU / "mi300x_vllm_decode_graph.json.gz"
+B200_VLLM = GPU / "b200_vllm_gpt-oss_eager_window.json.gz"
+A100_STEP = GPU / "a100_torchrec_train_step.json.gz"
+A100_NO_SHAPES = GPU / "a100_alexnet_no_shapes.json.gz"
+
+
+def real(path, python=True):
+    """The tree and report the command line makes of a recorded trace."""
+    tree = trace.load(path, args_of=casts.needs_args).tree(python=python)
+    return tree, casts.report(tree)
+
+
+def _innermost(node, predicate):
+    return next((a.name for a in node.ancestors() if predicate(a)), None)
+
+
+def test_a_stack_names_the_module_and_line_of_each_cast_on_h100():
+    tree, report = real(H100_QWEN)
+    assert len(report) == 101 and report.gpu
+    for c in report:
+        node = tree.node(c.id)
+        module = _innermost(node, lambda a: a.name.startswith("nn.Module: "))
+        frame = _innermost(node, lambda a: a.cat == "python_function" and "): " in a.name)
+        file, _, rest = frame.partition("(")
+        line = rest.split(")")[0]
+        assert c.module == module.removeprefix("nn.Module: ").rsplit("_", 1)[0]
+        assert c.cause == f"{c.module} ({file}:{line})"
+    causes = {r["cause"]: r["casts"] for r in report.summary("cause").records()}
+    norm = "Qwen2RMSNorm (transformers/models/qwen2/modeling_qwen2.py:218)"
+    rotary = "Qwen2RotaryEmbedding (transformers/models/qwen2/modeling_qwen2.py:323)"
+    assert causes == {norm: 98, rotary: 3}
+    modules = report.summary("module").records()
+    assert [(r["module"], r["casts"]) for r in modules] == [
+        ("Qwen2RMSNorm", 98),
+        ("Qwen2RotaryEmbedding", 3),
+    ]
+    # Each RMSNorm (24 layers x 2, and the last) casts its bf16 input up to float32 and the
+    # result back; the rotary embedding casts cos and sin down and the positions up.
+    found = Counter((c.module, c.source, c.target, c.shape) for c in report)
+    assert found == {
+        ("Qwen2RMSNorm", "bfloat16", "float32", (16, 559, 1024)): 49,
+        ("Qwen2RMSNorm", "float32", "bfloat16", (16, 559, 1024)): 49,
+        ("Qwen2RotaryEmbedding", "float32", "bfloat16", (1, 559, 64)): 2,
+        ("Qwen2RotaryEmbedding", "int64", "float32", (1, 1, 559)): 1,
+    }
+
+
+def test_without_the_stack_the_cause_falls_back_to_the_op_and_says_why():
+    _, report = real(H100_QWEN, python=False)
+    assert {c.cause for c in report} == {casts.TOP_LEVEL} and {c.module for c in report} == {None}
+    assert "python=True names modules and lines" in report.summary().notes[0]
+    _, step = real(A100_STEP)
+    assert "the trace has no Python stack" in step.summary().notes[0]
+
+
+def test_the_same_model_on_mi300x_has_the_same_casts():
+    _, h100 = real(H100_QWEN)
+    _, mi300 = real(MI300_QWEN)
+
+    def what(report):
+        return sorted((c.cause, c.source, c.target, c.shape) for c in report)
+
+    assert what(h100) == what(mi300)
+    assert h100.gpu_us.sum() > 0 and mi300.gpu_us.sum() > 0
+
+
+def test_cause_time_is_never_negative_on_an_epoch_microsecond_trace():
+    tree, report = real(A100_STEP)
+    # Whole microseconds since the epoch (1.7e15) times 1000 are past 2**53: converted to
+    # nanoseconds at once, neighbours overlapped and a cast nested in the op before it.
+    assert tree.trace.ts.min() > 2**53 / 1000
+    assert tree.anomalies.overlaps == 0
+    rows = report.summary("cause").records()
+    assert rows and all(r["cause cpu us"] >= 0 and r["cause gpu us"] >= 0 for r in rows)
+    assert "aten::as_strided" not in {r["cause"] for r in rows}
+    for c in report:
+        if c.cause_id is not None:
+            cause = tree.node(c.cause_id)
+            assert cause.start <= tree.node(c.id).start
+            assert tree.node(c.id).start + c.cpu_us <= cause.start + cause.dur
+
+
+def test_bytes_and_share_are_known_or_blank_never_zero():
+    _, report = real(A100_STEP)
+    # The int32 -> int64 casts of this trace name their source 'long'.
+    up = [c for c in report if (c.source, c.target) == ("int32", "int64")]
+    assert up and all(c.direction == "up-cast" for c in up)
+    rows = report.summary("cause", scalars=True).records()
+    for r in rows:
+        mine = [c for c in report if c.cause == r["cause"]]
+        assert r["bytes written"] == sum(c.bytes_written for c in mine)
+        assert r["share of step"] > 0
+    assert all(c.share > 0 for c in report)
+    _, graph = real(VLLM_GRAPH)
+    assert graph.step_us is None and all(c.share is None for c in graph)
+    summary = graph.summary("cause")
+    assert all(r["share of step"] is None for r in summary.records())
+    assert "share of step is blank: the trace has no ProfilerStep#N range" in summary.notes
+    shapeless = report_of(op("aten::copy_", BASE, 5.0, **{"Input type": ["float", "double"]}))
+    table = shapeless.summary("pair")
+    assert table.records()[0]["bytes written"] is None
+    assert "bytes are blank where the trace has no shape for the cast" in table.notes
+    assert "float64  float32  1" in table.to_text()
+
+
+def test_copy_chains_without_dtypes_are_counted_not_dropped():
+    tree, report = real(A100_NO_SHAPES)
+    chains = [n for n in tree.find("aten::to") if n.parent is None or n.parent.name != "aten::to"]
+    assert len(report) == 0 and report.untyped == len(chains) == 20
+    assert report.summary().notes[0].startswith("20 copy chains name no dtypes")
+
+
+def test_inductor_convert_kernels_in_a_graph_replay_are_fused_casts():
+    tree, report = real(VLLM_GRAPH)
+    kernels = tree.find("triton_poi_fused__to_copy_1")
+    assert len(kernels) == 23 and all(k.is_gpu for k in kernels)
+    assert set(report.fused.ids.tolist()) == {k.id for k in kernels}
+    assert not set(report.ids.tolist()) & {k.id for k in kernels}
+    (row,) = report.fused.table().records()
+    assert row["kind"] == "compiled" and row["kernels"] == 23 and row["device"] == "gpu"
+    assert row["kernel us"] == pytest.approx(sum(k.dur for k in kernels), abs=1e-3)
+    assert row["cause"] == "replay (torch/cuda/graphs.py:139)"
+
+
+def test_vendor_convert_and_quantize_kernels_are_fused_casts():
+    tree, report = real(B200_VLLM)
+    rows = {r["kind"]: r for r in report.fused.table().records()}
+    norm = [k for k in tree.find(predicate=lambda n: n.is_gpu) if "_typeConvert" in k.name]
+    assert rows["vendor"]["kernel"] == "vllm::fused_add_rms_norm_kernel [vllm::_typeConvert]"
+    assert rows["vendor"]["kernels"] == len(norm) == 10
+    assert rows["vendor"]["kernel us"] == pytest.approx(sum(k.dur for k in norm), abs=1e-3)
+    assert rows["vendor"]["cause"] == "RMSNorm (torch/_ops.py:1244), _C::fused_add_rms_norm"
+    quantized = {r["kernel"] for r in report.fused.table().records() if r["kind"] == "quantize"}
+    assert quantized == {
+        "vllm::scaled_fp8_quant_kernel_strided",
+        "tensorrt_llm::kernels::quantize_with_block_size",
+    }
+
+
+def test_copy_kernels_inside_aten_casts_are_not_fused_casts():
+    tree, report = real(H100_QWEN)
+    copies = [
+        n for n in tree.find(predicate=lambda n: n.is_gpu) if "bfloat16_copy_kernel" in n.name
+    ]
+    inside = [k for k in copies if any(a.name in casts.CAST_OPS for a in k.ancestors())]
+    assert len(copies) == 73 and len(inside) == 51
+    assert set(report.fused.ids.tolist()) == {k.id for k in copies} - {k.id for k in inside}
+    # The others ran before the profiled step: their launches are not in the trace.
+    assert all(k.parent is None for k in copies if k not in inside)
+    assert {r["cause"] for r in report.fused.table().records()} == {casts.NO_LAUNCH}
+
+
+BF16_COPY = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda("
+    "at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul> >(int, "
+    "at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}, "
+    "std::array<char*, 2ul>)"
+)
+VLLM_NORM = (
+    "std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type "
+    "vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, long, float, int)"
+)
+DIRECT_COPY = (
+    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
+    "at::TensorIteratorBase&)::{lambda()#2}, at::detail::Array<char*, 2>, "
+    "at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int)"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "label"),
+    [
+        ("triton_poi_fused__to_copy_1", "compiled", "triton_poi_fused__to_copy_1"),
+        (
+            BF16_COPY,
+            "copy kernel",
+            "at::native::vectorized_elementwise_kernel [at::native::bfloat16_copy_kernel_cuda]",
+        ),
+        (VLLM_NORM, "vendor", "vllm::fused_add_rms_norm_kernel [vllm::_typeConvert]"),
+        ("SubTensorOpWithCastTensor1d", "vendor", "SubTensorOpWithCastTensor1d"),
+        ("aten::_to_copy", None, "aten::_to_copy"),
+        (DIRECT_COPY, None, "at::native::unrolled_elementwise_kernel"),
+    ],
+)
+def test_fused_kernel_names(name, kind, label):
+    assert casts.fused_kind(name) == kind
+    assert casts.kernel_label(name) == label
+
+
+def test_scalar_casts_fold_into_one_row_and_limit_says_what_it_left_out():
+    _, report = real(A100_STEP)
+    scalar = [c for c in report if c.shape == ()]
+    assert len(scalar) == 1 and len(report) == 18
+    folded = report.summary("cause", scalars=False)
+    *rows, last = folded.records()
+    assert last["cause"] == casts.FOLDED and last["casts"] == len(scalar)
+    assert last["cpu us"] == pytest.approx(sum(c.cpu_us for c in scalar), abs=1e-3)
+    assert sum(r["casts"] for r in rows) == len(report) - len(scalar)
+    every = report.summary("cause", scalars=True).records()
+    assert casts.FOLDED not in {r["cause"] for r in every}
+    assert sum(r["casts"] for r in every) == len(report)
+    table = report.table(scalars=False, limit=5)
+    assert len(table.rows) == 6 and table.rows[-1][2] == "(0-d casts: 1, folded)"
+    assert table.notes[0] == "... 12 more rows not shown (5 of 17)"
+    assert [r[0] for r in table.rows[:5]] == [c.id for c in report if c.shape != ()][:5]
+    with pytest.raises(MPGuideError, match="limit must be 1 or more"):
+        report.table(limit=0)
+
+
+def test_a_live_training_step_folds_the_optimizers_scalar_casts_and_ties_its_backward():
+    import torch
+
+    from mpguide.profiling import profile_fn
+
+    class Norm(torch.nn.Module):
+        def forward(self, x):
+            return x.float().pow(2).mean(-1, keepdim=True).to(x.dtype) * x
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), Norm()).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+
+    def step():
+        model(x).float().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    report = casts.report(profile_fn(step, with_stack=True).tree(python=True))
+    scalar = [c for c in report if c.scalar]
+    adam = [c for c in report if c.cause.startswith("_single_tensor_adam (torch/optim/adam.py:")]
+    assert adam and all(c.scalar and c.bytes_written <= 8 and not c.backward for c in adam)
+    assert len(adam) > len(report) / 2, Counter(c.cause for c in report)
+    norm = [c for c in report if c.module == "Norm"]
+    assert {(c.pass_, c.source, c.target) for c in norm} >= {
+        ("forward", "bfloat16", "float32"),
+        ("backward", "float32", "bfloat16"),
+    }
+    by_id = {c.id: c for c in report}
+    for c in (c for c in norm if c.backward):
+        assert by_id[c.forward_id].module == "Norm" and not by_id[c.forward_id].backward
+    last = report.summary("module", scalars=False).records()[-1]
+    assert (last["module"], last["casts"]) == (casts.FOLDED, len(scalar))

@@ -70,8 +70,9 @@ def test_undecodable_bytes_and_missing_times_are_counted(tmp_path, capsys):
     assert "replaced 2" in out and "no time 0" in out and "left out 2" in out
     assert main(["casts", str(path)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.startswith("0 casts") and captured.err == (
+    assert captured.out.startswith("casts by cause") and captured.err == (
         "mpguide: note: 2 invalid UTF-8 sequences replaced by U+FFFD\n"
+        "mpguide: note: 1 events without ts or dur left out\n"  # casts reads the Python layer
     )
     assert main(["tree", str(path), "--python"]) == 0
     assert "a\ufffd.py(1): f" in capsys.readouterr().out
@@ -83,7 +84,7 @@ def test_undecodable_bytes_and_missing_times_are_counted(tmp_path, capsys):
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 def test_casts_formats(capsys, fmt):
-    assert main(["casts", MATMUL, "--format", fmt]) == 0
+    assert main(["casts", MATMUL, "--by", "cast", "--format", fmt]) == 0
     out = capsys.readouterr().out
     assert "aten::matmul" in out and "bfloat16" in out
     if fmt == "json":
@@ -97,6 +98,79 @@ def test_casts_formats(capsys, fmt):
 def test_casts_summary(capsys):
     assert main(["casts", MATMUL, "--by", "pair", "--format", "csv"]) == 0
     assert capsys.readouterr().out.startswith("source,target,casts,")
+
+
+GPU = DATA / "gpu"
+H100_QWEN = str(GPU / "h100_qwen1.5-0.5b_bf16_inference.json.gz")
+A100_STEP = str(GPU / "a100_torchrec_train_step.json.gz")
+VLLM_GRAPH = str(GPU / "mi300x_vllm_decode_graph.json.gz")
+
+
+def test_casts_defaults_to_the_summary_by_module_and_line(capsys):
+    assert main(["casts", H100_QWEN]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "casts by cause" and lines[1].startswith("cause  ")
+    rows = lines[3:5]
+    assert rows[0].split()[:4] == [
+        "Qwen2RMSNorm",
+        "(transformers/models/qwen2/modeling_qwen2.py:218)",
+        "98",
+        "2692644864",
+    ]
+    assert rows[1].startswith("Qwen2RotaryEmbedding (transformers/models/qwen2/modeling_qwen2.py:")
+    assert lines[5].startswith("22 casts fused into kernels") and len(lines) == 6
+    assert main(["casts", H100_QWEN, "--by", "module", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["module"], r["casts"]) for r in rows] == [
+        ("Qwen2RMSNorm", 98),
+        ("Qwen2RotaryEmbedding", 3),
+    ]
+
+
+def test_casts_are_limited_and_say_what_they_left_out(capsys):
+    assert main(["casts", H100_QWEN, "--by", "cast", "--limit", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"101 casts in {H100_QWEN}" and len(lines) == 3 + 3 + 2
+    assert lines[6] == "... 98 more rows not shown (3 of 101)"
+    assert main(["casts", H100_QWEN, "--by", "cast", "--limit", "0", "--format", "json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["rows"]) == 101
+    assert main(["casts", H100_QWEN, "--by", "cast", "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1 + 25
+    assert captured.err.splitlines()[0] == "mpguide: note: ... 76 more rows not shown (25 of 101)"
+
+
+def test_a_large_trace_prints_a_short_summary_by_default(tmp_path, capsys):
+    path = tracegen.write(tmp_path / "t.json", 3000, gpu=True)
+    assert main(["casts", str(path)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) < 10
+    assert main(["casts", str(path), "--by", "cast"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 + 25 + 2 and lines[-2].startswith("... ")
+
+
+def test_scalar_casts_are_folded_unless_asked_for(capsys):
+    assert main(["casts", A100_STEP, "--by", "cast", "--limit", "0"]) == 0
+    folded = capsys.readouterr().out.splitlines()
+    assert "(0-d casts: 1, folded)" in folded[-2]
+    assert main(["casts", A100_STEP, "--by", "cast", "--limit", "0", "--scalars"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == len(folded) and not any("folded" in line for line in shown)
+    assert sum("  forward  " in line for line in shown) == 18
+
+
+def test_fused_casts_on_their_own(capsys):
+    assert main(["casts", VLLM_GRAPH]) == 0
+    out = capsys.readouterr().out
+    assert "23 casts fused into kernels (292.4 us of kernel time)" in out
+    assert "share of step is blank: the trace has no ProfilerStep#N range" in out
+    assert main(["casts", VLLM_GRAPH, "--by", "fused", "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert (row["kernel"], row["kind"], row["kernels"]) == (
+        "triton_poi_fused__to_copy_1",
+        "compiled",
+        23,
+    )
 
 
 def one_event(**fields):
@@ -125,6 +199,8 @@ CAST_ARGS_LIST = one_event(cat="cpu_op", name="aten::to", args=[1])
         (["casts"], CAST_ARGS_LIST, "a cast op's args are not usable"),
         (["tree", "--format", "html"], b'{"traceEvents": []}', "invalid choice: 'html'"),
         (["casts", "--format", "xml"], b'{"traceEvents": []}', "invalid choice: 'xml'"),
+        (["casts", "--limit", "-2"], b'{"traceEvents": []}', "--limit must be 0"),
+        (["casts", "--by", "op"], b'{"traceEvents": []}', "invalid choice: 'op'"),
     ],
 )
 def test_bad_input_gives_one_line_and_status_2(tmp_path, capsys, argv, content, message):

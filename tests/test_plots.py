@@ -647,3 +647,44 @@ def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
 
 
 # --- Real traces: casts by module, fused casts, ranks ---
+
+
+def test_cast_time_by_module_draws_each_trace_per_module_and_fused_kind():
+    from pathlib import Path
+
+    from mpguide import casts, trace
+
+    gpu = Path(__file__).parent / "data" / "gpu"
+
+    def report(name):
+        path = gpu / name
+        return casts.report(trace.load(path, args_of=casts.needs_args).tree(python=True))
+
+    reports = {
+        "H100": report("h100_qwen1.5-0.5b_bf16_inference.json.gz"),
+        "MI300X": report("mi300x_qwen1.5-0.5b_bf16_inference.json.gz"),
+        "B200": report("b200_vllm_gpt-oss_eager_window.json.gz"),
+    }
+    ax = plots.cast_time_by_module(reports, title="t").axes[0]
+    groups = [t.get_text() for t in ax.get_yticklabels()]
+    assert groups == [
+        "Qwen2RMSNorm",
+        "Qwen2RotaryEmbedding",
+        "fused: copy kernel",
+        "fused: vendor",
+        "fused: quantize",
+    ]
+    assert ax.get_xscale() == "log"
+    h100, mi300, b200 = ax.containers  # one series per trace, in the mapping's order
+    for bars, r in zip((h100, mi300), (reports["H100"], reports["MI300X"]), strict=True):
+        widths = [p.get_width() for p in bars]
+        norm = r.gpu_us[r.module == r.modules.index("Qwen2RMSNorm")].sum()
+        assert widths[0] == pytest.approx(norm) and widths[2] == pytest.approx(r.fused.total_us)
+    b200_fused = reports["B200"].fused.table().records()
+    widths = [p.get_width() for p in b200]
+    assert widths == pytest.approx(
+        [sum(r["kernel us"] for r in b200_fused if r["kind"] == k) for k in ("vendor", "quantize")]
+    )
+    with pytest.raises(MPGuideError, match="no casts"):
+        plots.cast_time_by_module({"none": report("a100_alexnet_no_shapes.json.gz")})
+    plt.close("all")

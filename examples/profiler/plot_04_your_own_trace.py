@@ -113,9 +113,9 @@ assert "aten::linear  Input Dims: [[32, 256], [512, 256], [512]]" in shown
 # %%
 # The cast report on the command line
 # -----------------------------------
-# ``casts`` prints one row per cast (``--by cast``, the default) or a summary ``--by cause``,
-# ``pair``, ``direction`` or ``pass``; ``--format`` is ``table``, ``json`` or ``csv``
-# (``markdown`` too).
+# ``casts`` prints a summary by cause (the default), ``--by module``, ``pair``, ``direction``
+# or ``pass``, one row per cast (``--by cast``), or the casts fused into kernels
+# (``--by fused``); ``--format`` is ``table``, ``json`` or ``csv`` (``markdown`` too).
 shown = mpguide(f"casts {path} --by cause")
 assert "aten::linear" in shown
 
