@@ -342,9 +342,10 @@ def test_names_from_a_trace_cannot_drive_the_terminal(tmp_path, capsys):
     )
     runs = {
         ("tree",): 4,  # the thread, two nodes, the anomalies
-        ("casts",): 4,  # caption, header, rule, one cast
-        ("casts", "--by", "cause"): 4,
-        ("casts", "--format", "markdown"): 5,  # caption, blank, header, rule, one cast
+        # caption, header, rule, one row, three notes (ops as causes, blank bytes and share)
+        ("casts",): 7,
+        ("casts", "--by", "cast"): 7,
+        ("casts", "--format", "markdown"): 9,  # and a blank line after the caption and the row
     }
     for args, lines in runs.items():
         assert main([args[0], path, *args[1:]]) == 0
@@ -384,7 +385,7 @@ def test_input_types_that_are_not_strings_are_unknown(tmp_path, capsys):
         op("aten::copy_", 3.0, 1.0, **{"Input type": [5, "float"]}),
         op("aten::copy_", 5.0, 1.0, **{"Input type": ["c10::BFloat16", "float"]}),
     )
-    assert main(["casts", path, "--format", "json"]) == 0
+    assert main(["casts", path, "--by", "cast", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert sorted((r["source"], r["target"]) for r in rows) == [
         ("float32", "?"),
