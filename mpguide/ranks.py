@@ -112,7 +112,7 @@ class RankCasts:
     losses: tuple[str, ...] = ()
 
     FIGURES = ("casts", "cast cpu us", "cast gpu us", "share of step")
-    HEADLINE = ("spends the most time in casts", ("cast gpu us", "cast cpu us"))
+    HEADLINE = ("most time in casts", ("cast gpu us", "cast cpu us"))
 
     def cells(self) -> dict[str, Any]:
         share = self.cpu_us / self.step_us if self.step_us else None
@@ -147,7 +147,7 @@ class RankTree:
     losses: tuple[str, ...] = ()
 
     FIGURES = ("step us", "gpu us", "op us", "events")
-    HEADLINE = ("has the longest profiled steps", ("step us",))
+    HEADLINE = ("longest profiled steps", ("step us",))
 
     def cells(self) -> dict[str, Any]:
         out = {
@@ -296,8 +296,8 @@ class Ranks:
         for figure in figures:
             if figure in found:
                 _, _, most, top, median, _, over = found[figure]
-                times = "the median is 0" if over is None else f"{over:.2f}x the median"
-                return (f"{most} {said}: {figure} {top:,.1f}, {times} ({median:,.1f})",)
+                than = "median" if over is None else f"{over:.2f}x the median of"
+                return (f"{said}: {most} ({figure} {top:,.1f}, {than} {median:,.1f})",)
         return ()
 
     def render(self, fmt: str) -> str:
