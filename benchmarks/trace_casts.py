@@ -287,7 +287,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def provenance(argv: list[str]) -> dict:
+def provenance(argv: list[str], note: str) -> dict:
     from importlib.metadata import version
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -306,6 +306,7 @@ def provenance(argv: list[str]) -> dict:
             for name, c in COMMANDS.items()
         },
         "load_average_at_start": os.getloadavg()[0],
+        "note": note,
     }
 
 
@@ -349,6 +350,11 @@ def main(argv: list[str]) -> None:
         help="sizes also measured as .json.gz, without layers (default: %(default)s)",
     )
     p.add_argument("--repeat", type=int, default=3, help="runs of each command per trace")
+    p.add_argument(
+        "--note",
+        default="",
+        help="what else the machine was doing, recorded with the results (default: nothing)",
+    )
     p.add_argument("--folder", type=Path, default=ROOT / "build" / "bench", help="the traces")
     p.add_argument(
         "--out",
@@ -361,7 +367,7 @@ def main(argv: list[str]) -> None:
     cases = [(e, layers, False) for e in args.events for layers in args.layers]
     cases += [(e, "none", True) for e in args.gzip_events]
     paths = {case: trace_file(*case, args.folder) for case in cases}
-    record = {"provenance": provenance(argv), "results": []}
+    record = {"provenance": provenance(argv, args.note), "results": []}
     for case, path in paths.items():
         events, layers, compressed = case
         json_path = args.folder / f"trace_{events}_{layers.replace('+', '_')}.json"
