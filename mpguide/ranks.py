@@ -25,6 +25,7 @@ import re
 import signal
 import socket
 import statistics
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -115,15 +116,15 @@ class RankCasts:
     HEADLINE = ("most time in casts", ("cast gpu us", "cast cpu us"))
 
     def cells(self) -> dict[str, Any]:
-        share = self.cpu_us / self.step_us if self.step_us else None
+        """The figures by column name, as measured (None where unknown)."""
         return {
             "events": self.events,
             "casts": self.casts,
-            "cast cpu us": round(self.cpu_us, 3),
-            "cast gpu us": None if self.gpu_us is None else round(self.gpu_us, 3),
-            "share of step": None if share is None else round(share, 4),
+            "cast cpu us": self.cpu_us,
+            "cast gpu us": self.gpu_us,
+            "share of step": self.cpu_us / self.step_us if self.step_us else None,
             f"top {self.by}": self.top,
-            f"top {self.by} cpu us": None if self.top_cpu_us is None else round(self.top_cpu_us, 3),
+            f"top {self.by} cpu us": self.top_cpu_us,
         }
 
 
@@ -150,16 +151,24 @@ class RankTree:
     HEADLINE = ("longest profiled steps", ("step us",))
 
     def cells(self) -> dict[str, Any]:
+        """The figures by column name, as measured (None where unknown)."""
         out = {
             "events": self.events,
             "steps": self.steps,
-            "step us": None if self.step_us is None else round(self.step_us, 3),
-            "gpu us": None if self.gpu_us is None else round(self.gpu_us, 3),
+            "step us": self.step_us,
+            "gpu us": self.gpu_us,
             "anomalies": self.anomalies,
         }
         if self.op is not None:
-            out |= {"op": self.op, "op count": self.op_count, "op us": round(self.op_us, 3)}
+            out |= {"op": self.op, "op count": self.op_count, "op us": self.op_us}
         return out
+
+
+def _shown(name: str, value: Any) -> Any:
+    """A figure as a table shows it: shares to 4 decimals, times to the nanosecond."""
+    if not isinstance(value, float):
+        return value
+    return round(value, 4 if name.startswith("share") else 3)
 
 
 def rank_casts(path: str | Path, by: str = "cause") -> RankCasts:
@@ -250,7 +259,7 @@ class Ranks:
         known = [c for c in cells[0] if any(row[c] is not None for row in cells)]
         columns = ("rank", "rank from", "file", *known)
         rows = tuple(
-            (r.rank, r.origin, Path(r.file).name, *(c[k] for k in known))
+            (r.rank, r.origin, Path(r.file).name, *(_shown(k, c[k]) for k in known))
             for r, c in zip(self.rows, cells, strict=True)
         )
         caption = f"{self.what} of {len(self.rows)} traces in {self.folder}, {self.how}"
@@ -285,7 +294,8 @@ class Ranks:
             most = _label(tied[0], self.rows) if len(tied) == 1 else f"{len(tied)} tied"
             median = statistics.median(numbers)
             over = round(top / median, 3) if median else None
-            rows.append((figure, len(values), most, top, median, min(numbers), over))
+            shown = (_shown(figure, v) for v in (top, median, min(numbers)))
+            rows.append((figure, len(values), most, *shown, over))
         columns = ("figure", "traces", "most", "max", "median", "min", "max / median")
         return Table(columns, tuple(rows), f"{self.what} across ranks", self._headline(rows))
 
@@ -295,7 +305,7 @@ class Ranks:
         found = {r[0]: r for r in rows}
         for figure in figures:
             if figure in found:
-                _, _, most, top, median, _, over = found[figure]
+                _, _, most, top, median, _, over = found[figure]  # as shown
                 than = "median" if over is None else f"{over:.2f}x the median of"
                 return (f"{said}: {most} ({figure} {top:,.1f}, {than} {median:,.1f})",)
         return ()
@@ -395,6 +405,19 @@ def _unwind(*_) -> None:
         raise SystemExit(1)
 
 
+def _pool(jobs: int):
+    """A pool of ``jobs`` fresh processes, started ignoring Ctrl-C (from the main thread,
+    where signals can be set), so that one still importing when it comes stays quiet."""
+    start = partial(multiprocessing.get_context("spawn").Pool, jobs, initializer=_in_pool)
+    if threading.current_thread() is not threading.main_thread():
+        return start()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _on_cores(work, paths: list[str], jobs: int, progress) -> tuple[list[Row], str]:
     jobs = min(jobs, len(paths))
     rows: list[Row] = []
@@ -403,7 +426,7 @@ def _on_cores(work, paths: list[str], jobs: int, progress) -> tuple[list[Row], s
             rows.append(work(path))
             _tell(progress, rows, paths)
         return rows, "read by this process"
-    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_in_pool)
+    pool = _pool(jobs)
     done = False
     try:
         for row in pool.imap_unordered(work, paths):
