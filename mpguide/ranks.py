@@ -443,7 +443,7 @@ def _on_cores(work, paths: list[str], jobs: int, progress) -> tuple[list[Row], s
 
 def _on_cluster(work, paths: list[str], scheduler: str, progress) -> tuple[list[Row], str]:
     try:
-        from distributed import Client, as_completed
+        from distributed import Client, KilledWorker, as_completed
     except ImportError:
         raise MPGuideError(f"a Dask scheduler needs dask[distributed]: {CLUSTER_EXTRA}") from None
     _reachable(scheduler)
@@ -457,8 +457,13 @@ def _on_cluster(work, paths: list[str], scheduler: str, progress) -> tuple[list[
     try:
         workers = len(client.scheduler_info()["workers"])
         futures = client.map(work, paths, pure=False)
+        path_of = {f.key: p for f, p in zip(futures, paths, strict=True)}
         for future in as_completed(futures, loop=client.loop):
-            rows.append(future.result())
+            try:
+                rows.append(future.result())
+            except KilledWorker:
+                died = f"{path_of[future.key]}: the Dask workers reading it died (out of memory?)"
+                raise MPGuideError(died) from None
             _tell(progress, rows, paths)
         done = True
     finally:

@@ -180,9 +180,15 @@ def test_without_dask_the_error_names_the_extra(capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def cluster():
     distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed")
-    with distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
-    ) as local:
+    import dask
+
+    once = {"distributed.scheduler.allowed-failures": 0}  # a dead worker fails its task at once
+    with (
+        dask.config.set(once),
+        distributed.LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+        ) as local,
+    ):
         yield local
 
 
@@ -198,6 +204,12 @@ def test_a_local_cluster_of_two_workers_gives_what_the_pool_gives(cluster, capsy
     assert main(["casts", str(tmp_path), "--scheduler", address]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mpguide: error: ") and "rank1.json: not a chrome trace" in err
+
+
+def test_a_worker_that_dies_names_its_trace(cluster):
+    path = str(RANKS / "sampled_rank-0.json.gz")
+    with pytest.raises(MPGuideError, match="the Dask workers reading it died"):
+        ranks._on_cluster(lambda p: os._exit(1), [path], cluster.scheduler_address, None)
 
 
 def _children(pid: int) -> list[int]:
