@@ -4,7 +4,8 @@ parse limit.
 Run by ``nox -s bench`` (or ``python benchmarks/trace_casts.py``). For each size and layer
 set it generates a trace under build/bench (kept for later runs), then runs, interleaved and
 ``--repeat`` times each, as whole processes: ``python -m mpguide casts TRACE --by cause``
-(load, tree, cast report, output), ``python -m mpguide tree TRACE`` (its default node limit)
+(load, tree, cast report, the summary by cause: the goal's command), the same with
+``--by cast`` (one row per cast), ``python -m mpguide tree TRACE`` (its default node limit)
 and the parse limit: a process that reads the file and decodes it with msgspec into typed
 events, and does nothing else. Each round runs them in a rotated order, so a machine that
 speeds up or slows down during the run weighs on all of them alike; the ratios to the parse
@@ -38,7 +39,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"none": {}, "python+gpu": {"python": True, "gpu": True, "threads": 2}}
 GOAL_EVENTS, GOAL_WALL, GOAL_PEAK = 1_000_000, 1.5, 0.75
-"""The goal: on 1M cpu_op events without layers, casts within these ratios to the parse limit."""
+"""The goal: on 1M cpu_op events without layers, the casts summary (``casts``) within these
+ratios to the parse limit."""
+TOOLS = ("casts", "casts table", "tree")
 
 # Runs the command in its argv (``-m MODULE ARGS`` or ``-c CODE ARGS``) in this process,
 # then writes this process's peak RSS and its children's, in KiB, to the file $PEAK_FILE.
@@ -151,12 +154,20 @@ def profile(path: Path) -> dict:
     return json.loads(out.stdout)
 
 
+COMMANDS = {
+    "casts": ["-m", "mpguide", "casts", "TRACE", "--by", "cause"],
+    "casts table": ["-m", "mpguide", "casts", "TRACE", "--by", "cast"],
+    "tree": ["-m", "mpguide", "tree", "TRACE"],
+    "parse limit": ["-c", "PARSE_LIMIT", "TRACE"],
+}
+"""What each measured process runs, ``python`` left out; each tool against the last."""
+
+
 def commands(path: Path) -> dict[str, list[str]]:
-    py = sys.executable
+    given = {"TRACE": str(path), "PARSE_LIMIT": _PARSE_LIMIT}
     return {
-        "casts": [py, "-c", _WRAPPER, "-m", "mpguide", "casts", str(path), "--by", "cause"],
-        "tree": [py, "-c", _WRAPPER, "-m", "mpguide", "tree", str(path)],
-        "parse limit": [py, "-c", _WRAPPER, "-c", _PARSE_LIMIT, str(path)],
+        name: [sys.executable, "-c", _WRAPPER, *(given.get(a, a) for a in argv)]
+        for name, argv in COMMANDS.items()
     }
 
 
@@ -224,18 +235,22 @@ def spread(values: list[float]) -> dict[str, float | list[float]]:
 
 def measure(path: Path, repeat: int) -> dict:
     """Every command ``repeat`` times, interleaved in rotated order; per command the spread
-    of each figure, and per tool the round-by-round ratios to the parse limit."""
+    of each figure, per tool the round-by-round ratios to the parse limit, and the load
+    average (one minute) at the start of each round: other work on the machine."""
     argv = commands(path)
     names = list(argv)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    load = []
     for r in range(repeat):
+        load.append(os.getloadavg()[0])
         for name in names[r % len(names) :] + names[: r % len(names)]:
             runs[name].append(run(argv[name]))
     out = {
         name: {key: spread([x[key] for x in got]) for key in got[0]} for name, got in runs.items()
     }
+    out["load_average"] = spread(load)
     limit = runs["parse limit"]
-    for name in ("casts", "tree"):
+    for name in TOOLS:
         out[name]["ratio"] = {
             key: spread([a[key] / b[key] for a, b in zip(runs[name], limit, strict=True)])
             for key in ("wall_s", "peak_mb")
@@ -251,7 +266,7 @@ def growth(rows: list[dict]) -> dict:
         return {}
     gb = np.array([r["json_mb"] / 1000 for r in plain])
     out = {}
-    for name in ("casts", "tree", "parse limit"):
+    for name in (*TOOLS, "parse limit"):
         peak = np.array([r[name]["peak_mb"]["max"] for r in plain])
         slope, intercept = np.polyfit(gb, peak, 1)
         out[name] = {
@@ -272,7 +287,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def provenance(argv: list[str]) -> dict:
+def provenance(argv: list[str], note: str) -> dict:
     from importlib.metadata import version
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -284,19 +299,30 @@ def provenance(argv: list[str]) -> dict:
         "numpy": version("numpy"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/trace_casts.py", *argv]),
+        "commands": {
+            name: " ".join(
+                ["python", *("<the parse limit>" if a == "PARSE_LIMIT" else a for a in c)]
+            )
+            for name, c in COMMANDS.items()
+        },
         "load_average_at_start": os.getloadavg()[0],
+        "note": note,
     }
 
 
 def line(row: dict) -> str:
-    c, t, p = row["casts"], row["tree"], row["parse limit"]
+    p = row["parse limit"]
     kind = f"{row['layers']}{', gzip' if row['compressed'] else ''}"
+    tools = []
+    for name in TOOLS:
+        wall, peak = (row[name]["ratio"][k] for k in ("wall_s", "peak_mb"))
+        tools.append(
+            f"{name} {wall['median']:.2f}x [{wall['min']:.2f}-{wall['max']:.2f}] "
+            f"{peak['median']:.2f}x peak"
+        )
     return (
         f"{row['cpu_op_events']:>9,} cpu_ops  {kind:<10}  {row['json_mb']:5.0f} MB JSON  "
-        f"limit {p['wall_s']['median']:5.2f} s {p['peak_mb']['max']:5.0f} MB  "
-        f"casts {c['ratio']['wall_s']['median']:.2f}x [{c['ratio']['wall_s']['min']:.2f}-"
-        f"{c['ratio']['wall_s']['max']:.2f}] {c['ratio']['peak_mb']['median']:.2f}x peak  "
-        f"tree {t['ratio']['wall_s']['median']:.2f}x {t['ratio']['peak_mb']['median']:.2f}x peak"
+        f"limit {p['wall_s']['median']:5.2f} s {p['peak_mb']['max']:5.0f} MB  " + "  ".join(tools)
     )
 
 
@@ -324,6 +350,11 @@ def main(argv: list[str]) -> None:
         help="sizes also measured as .json.gz, without layers (default: %(default)s)",
     )
     p.add_argument("--repeat", type=int, default=3, help="runs of each command per trace")
+    p.add_argument(
+        "--note",
+        default="",
+        help="what else the machine was doing, recorded with the results (default: nothing)",
+    )
     p.add_argument("--folder", type=Path, default=ROOT / "build" / "bench", help="the traces")
     p.add_argument(
         "--out",
@@ -336,7 +367,7 @@ def main(argv: list[str]) -> None:
     cases = [(e, layers, False) for e in args.events for layers in args.layers]
     cases += [(e, "none", True) for e in args.gzip_events]
     paths = {case: trace_file(*case, args.folder) for case in cases}
-    record = {"provenance": provenance(argv), "results": []}
+    record = {"provenance": provenance(argv, args.note), "results": []}
     for case, path in paths.items():
         events, layers, compressed = case
         json_path = args.folder / f"trace_{events}_{layers.replace('+', '_')}.json"
@@ -364,7 +395,7 @@ def main(argv: list[str]) -> None:
             wall, peak = (r["casts"]["ratio"][k]["median"] for k in ("wall_s", "peak_mb"))
             met = wall <= GOAL_WALL and peak <= GOAL_PEAK
             print(
-                f"goal (casts within {GOAL_WALL}x the parse limit's wall time and "
+                f"goal (the casts summary within {GOAL_WALL}x the parse limit's wall time and "
                 f"{GOAL_PEAK}x its peak on {GOAL_EVENTS:,} cpu_ops): "
                 f"{'met' if met else 'not met'} ({wall:.2f}x, {peak:.2f}x)"
             )

@@ -68,11 +68,21 @@ def _add_max_bytes(s: argparse.ArgumentParser) -> None:
     )
 
 
+_TRACE_HELP = "the trace (.json or .json.gz), a directory of traces (one per rank), or - for stdin"
+
+
+def _cap(args: argparse.Namespace) -> int | None:
+    """The largest trace ``--max-bytes`` lets the command read, decompressed; None for any."""
+    from mpguide import trace
+
+    return trace.MAX_BYTES if args.max_bytes is None else args.max_bytes or None
+
+
 def _load(args: argparse.Namespace, args_of=None):
     """The trace that ``args`` names (``-`` for stdin), under the cap ``--max-bytes``."""
     from mpguide import trace
 
-    cap = trace.MAX_BYTES if args.max_bytes is None else args.max_bytes or None
+    cap = _cap(args)
     if args.trace != "-":
         return trace.load(args.trace, args_of=args_of, max_bytes=cap)
     if sys.stdin is None or sys.stdin.isatty():
@@ -85,6 +95,15 @@ def _tree(args: argparse.Namespace) -> str:
 
     import msgspec
 
+    if _is_folder(args):
+        if args.id is not None or args.depth is not None:
+            raise MPGuideError(
+                "--id and --depth show one trace's tree: give a file, not a directory"
+            )
+        from mpguide import ranks
+
+        found = ranks.trees_of_ranks(args.trace, op=args.op, python=args.python, **_across(args))
+        return _ranks_out(found, "table" if args.format == "text" else args.format)
     if args.depth is not None and args.depth < 0:
         raise MPGuideError(f"--depth must be 0 or more, got {args.depth}")
     if args.limit < 0:
@@ -126,11 +145,53 @@ def _tree(args: argparse.Namespace) -> str:
     return "\n".join([*lines, repr(tree.anomalies)])
 
 
+def _is_folder(args: argparse.Namespace) -> bool:
+    """Whether the command reads a directory of ranks; --jobs and --scheduler only do."""
+    from pathlib import Path
+
+    if Path(args.trace).is_dir():
+        return True
+    if args.jobs is not None or args.scheduler is not None:
+        raise MPGuideError(f"--jobs and --scheduler read a directory of ranks; {args.trace} is not")
+    return False
+
+
+def _across(args: argparse.Namespace) -> dict:
+    """How to read a directory of ranks: processes here, or a Dask cluster; a progress
+    line per rank on stderr when it is a terminal."""
+
+    def progress(done: int, total: int, row) -> None:
+        rank = "unknown rank" if row.rank is None else f"rank {row.rank}"
+        print(f"mpguide: {done}/{total} {rank} read ({row.file})", file=sys.stderr, flush=True)
+
+    if args.jobs is not None and args.jobs < 1:
+        raise MPGuideError(f"--jobs must be 1 or more, got {args.jobs}")
+    shown = progress if sys.stderr.isatty() else None
+    return {
+        "jobs": args.jobs,
+        "scheduler": args.scheduler,
+        "progress": shown,
+        "max_bytes": _cap(args),
+    }
+
+
+def _ranks_out(found, fmt: str) -> str:
+    for row in found.rows:
+        for loss in row.losses:
+            print(f"mpguide: note: {row.file}: {loss}", file=sys.stderr)
+    return found.render(fmt)
+
+
 def _casts(args: argparse.Namespace) -> str:
     from mpguide import casts
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
+    if _is_folder(args):
+        from mpguide import ranks
+
+        by = args.by if args.by in casts.SUMMARY_KEYS else "cause"
+        return _ranks_out(ranks.casts_of_ranks(args.trace, by=by, **_across(args)), args.format)
     tree = _load(args, casts.needs_args).tree(python=True)
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
@@ -336,6 +397,20 @@ def _graph(args: argparse.Namespace) -> str:
     return "\n\n".join(parts)
 
 
+def _rank_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--jobs",
+        type=int,
+        help="for a directory: traces read at once, one process each (default: one per core)",
+    )
+    s.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="for a directory: read it on the workers of this Dask scheduler (tcp://HOST:PORT), "
+        "which see the directory at the same path; needs pip install mpguide[cluster]",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line, with one subparser per subcommand."""
     p = _Parser(prog="python -m mpguide", description=DESCRIPTION)
@@ -379,7 +454,7 @@ def parser() -> argparse.ArgumentParser:
         description="Print the call tree of a chrome trace (.json or .json.gz) from "
         "torch.profiler, with the anomalies met while nesting it.",
     )
-    s.add_argument("trace", help="path to the trace (.json or .json.gz), or - for stdin")
+    s.add_argument("trace", help=_TRACE_HELP)
     _add_max_bytes(s)
     which = s.add_mutually_exclusive_group()
     which.add_argument("--op", help="show only the subtrees of the ops with this name")
@@ -406,6 +481,7 @@ def parser() -> argparse.ArgumentParser:
         help="a text tree (default) or JSON: nested nodes with their fields, the counts of "
         "nodes shown and in all, and the anomalies",
     )
+    _rank_options(s)
     s.set_defaults(run=_tree)
 
     s = sub.add_parser(
@@ -416,7 +492,7 @@ def parser() -> argparse.ArgumentParser:
         "the op), source and target dtype, bytes, CPU and GPU time; and apart, the casts fused "
         "into compiled or vendor kernels.",
     )
-    s.add_argument("trace", help="path to the trace (.json or .json.gz), or - for stdin")
+    s.add_argument("trace", help=_TRACE_HELP)
     _add_max_bytes(s)
     s.add_argument("--format", default="table", choices=FORMATS, help="output format")
     s.add_argument(
@@ -439,6 +515,7 @@ def parser() -> argparse.ArgumentParser:
         help="show the casts of 0-d tensors (an optimizer's step counts and scales, a few "
         "bytes each) as rows of their own instead of folded into one",
     )
+    _rank_options(s)
     s.set_defaults(run=_casts)
 
     s = sub.add_parser(

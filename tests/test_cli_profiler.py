@@ -187,7 +187,7 @@ CAST_ARGS_LIST = one_event(cat="cpu_op", name="aten::to", args=[1])
     [
         (["casts"], None, "no such file"),
         (["tree"], None, "no such file"),
-        (["casts"], None, "is a directory"),
+        (["casts"], None, "no traces in it"),
         (["casts"], b'{"traceEvents": [', "not valid JSON"),
         (["tree"], b"<html>", "not valid JSON"),
         (["casts"], b'{"a": 1}', "not a chrome trace"),
@@ -207,7 +207,7 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path, capsys, argv, content, 
     path = tmp_path / "trace.json"
     if content is not None:
         path.write_bytes(content)
-    if message == "is a directory":
+    if message == "no traces in it":
         path.mkdir()
     assert main([argv[0], str(path), *argv[1:]]) == 2
     captured = capsys.readouterr()
