@@ -1,6 +1,6 @@
 """Call trees of a chrome trace: :func:`build` nests the complete (``ph: "X"``) events of a
-:class:`~mpguide.trace.Trace` into one tree per process and thread (:class:`Tree`, whose
-nodes are :class:`Node`); :meth:`mpguide.trace.Trace.tree` calls it.
+trace read into columns (:class:`Events`; :meth:`mpguide.trace.Trace.tree` passes its trace)
+into one tree per process and thread (:class:`Tree`, whose nodes are :class:`Node`).
 
 - CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
   first, then layer (annotation, Python, op), then file order. An interval is half-open: an
@@ -36,17 +36,35 @@ from functools import cached_property
 from html import escape
 from itertools import compress, islice, repeat
 from operator import attrgetter, is_not
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.columns import codes, matching
+from mpguide.columns import Args, Coded, Flows, codes, matching
 from mpguide.table import escape_controls
 
-if TYPE_CHECKING:
-    from mpguide.trace import Event, Trace
+
+class Events(Protocol):
+    """What a call tree reads of a trace, one array or column per field of its complete
+    events (:class:`mpguide.trace.Trace` is one)."""
+
+    name: Coded
+    cat: Coded
+    pid: Coded
+    tid: Coded
+    ts: np.ndarray
+    dur: np.ndarray
+    args: Args
+    flows: Flows
+    source: str
+    replaced: int
+
+    def event(self, i: int) -> msgspec.Struct:
+        """Event ``i`` as it was exported."""
+        ...
+
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
@@ -143,7 +161,7 @@ class Node:
     id: int
 
     @property
-    def event(self) -> Event:
+    def event(self) -> msgspec.Struct:
         return self.tree.trace.event(self.id)
 
     @property
@@ -226,7 +244,7 @@ MAX_US = 2.0**62 / 1000
 nanoseconds fits in an int64."""
 
 
-def _bad_time(trace: Trace, i: int) -> MPGuideError:
+def _bad_time(trace: Events, i: int) -> MPGuideError:
     """The error for event ``i``, whose time is negative or out of :data:`MAX_US`."""
     ts, dur = float(trace.ts[i]), float(trace.dur[i])
     if dur < 0:
@@ -251,7 +269,7 @@ def _absolute_ns(ts: np.ndarray) -> np.ndarray:
 
 
 class Tree:
-    """Call trees of a :class:`Trace`, one per process and thread, as parent links.
+    """Call trees of a trace (:class:`Events`), one per process and thread, as parent links.
 
     Build it with :func:`build`. ``parent[i]`` is the parent's id or -1 for a root;
     :meth:`roots` lists each thread's roots; :meth:`find` looks nodes up.
@@ -259,7 +277,7 @@ class Tree:
 
     def __init__(
         self,
-        trace: Trace,
+        trace: Events,
         included: np.ndarray,
         parent: np.ndarray,
         depth: np.ndarray,
@@ -514,7 +532,7 @@ class _Links(NamedTuple):
     launch_key: np.ndarray
 
 
-def _correlation_links(trace: Trace, gpu: np.ndarray, launch: np.ndarray) -> _Links:
+def _correlation_links(trace: Events, gpu: np.ndarray, launch: np.ndarray) -> _Links:
     """GPU events and launches keyed by the ``correlation`` in their ``args``."""
     ids = np.concatenate((gpu, launch))
     try:
@@ -547,7 +565,7 @@ def _bind(targets: np.ndarray, start: np.ndarray, thread: np.ndarray, at, on) ->
     return found
 
 
-def _flow_links(trace: Trace, gpu, launch, start, thread, base: int) -> _Links:
+def _flow_links(trace: Events, gpu, launch, start, thread, base: int) -> _Links:
     """GPU events and launches keyed by the ``ac2g`` flows bound to them."""
     flows = trace.flows
     pid = {v: k for k, v in enumerate(trace.pid.values)}
@@ -612,7 +630,7 @@ def _pairs(gpu: np.ndarray, parent: np.ndarray, shared: np.ndarray, process, n_p
     return pairs
 
 
-def _link_gpu(trace: Trace, gpu, launch, start, thread, base: int, parent: np.ndarray):
+def _link_gpu(trace: Events, gpu, launch, start, thread, base: int, parent: np.ndarray):
     """Parent every GPU event in ``gpu`` to its launch among ``launch`` (see the module
     docs); return the mask of linked events, and the number of GPU events whose key
     launches of several processes share, and of those left unlinked."""
@@ -755,7 +773,7 @@ def _time_order(
     return ids
 
 
-def build(trace: Trace, *, python: bool = False, annotations: bool = True) -> Tree:
+def build(trace: Events, *, python: bool = False, annotations: bool = True) -> Tree:
     """Nest a trace's complete events into per-thread call trees (see the module docs)."""
     n = len(trace)
     cat, cats = trace.cat

@@ -37,13 +37,13 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 import msgspec
 import numpy as np
 
 from mpguide import MPGuideError, calltree, error_line
-from mpguide.columns import Coded, codes, matching, merged
+from mpguide.columns import Args, Coded, Flows, codes, matching, merged
 
 
 class Event(msgspec.Struct, gc=False):
@@ -69,44 +69,6 @@ FLOW = "ac2g"
 PARALLEL_BYTES = 64 << 20
 """Plain traces at least this large are decoded in two processes."""
 Source = str | os.PathLike | BinaryIO
-
-
-@dataclass(frozen=True, eq=False)
-class Args:
-    """Each event's ``args`` as undecoded JSON, cut from a few byte blobs: event ``i`` ends
-    at byte ``ends[i]`` of the blobs laid end to end, blob ``k`` starting at ``offsets[k]``."""
-
-    blobs: tuple[bytes, ...]
-    offsets: np.ndarray
-    ends: np.ndarray
-    kept: np.ndarray | None = None
-    """Which events' ``args`` were kept (None: all)."""
-
-    def raws(self, ids: np.ndarray) -> list[bytes]:
-        """The ``args`` JSON of each event in ``ids``."""
-        if self.kept is not None and not self.kept[ids].all():
-            i = int(ids[~self.kept[ids]][0])
-            raise MPGuideError(f"the args of event {i} were not kept (load with args_of=None)")
-        stop = self.ends[ids]
-        start = np.where(ids > 0, self.ends[ids - 1], 0)
-        blob = np.searchsorted(self.offsets, start, side="right") - 1
-        base = self.offsets[blob]
-        cuts = zip(blob.tolist(), (start - base).tolist(), (stop - base).tolist(), strict=True)
-        return [self.blobs[k][lo:hi] for k, lo, hi in cuts]
-
-    def raw(self, i: int) -> bytes:
-        return self.raws(np.array([i]))[0]
-
-
-class Flows(NamedTuple):
-    """The ``ac2g`` flow events: ``start`` is True for a flow's start (``ph: "s"``), False for
-    its end (``ph: "f"``); ``key`` is the flow's ``id``."""
-
-    start: np.ndarray
-    key: Coded
-    pid: Coded
-    tid: Coded
-    ts: np.ndarray
 
 
 def _keeps_args(name: Coded, cat: Coded, args_of: Callable[[str], bool]) -> np.ndarray:
