@@ -31,7 +31,8 @@ if _missing:
 import torch
 
 import mpguide
-from mpguide import device, record
+from mpguide.autocast import device
+from mpguide.core import record
 
 _machine = device.describe()
 

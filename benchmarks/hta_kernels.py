@@ -4,7 +4,7 @@ Run by ``nox -s bench`` (or ``python benchmarks/hta_kernels.py`` with the PyPI p
 ``HolisticTraceAnalysis`` installed). For each real GPU trace in tests/data/gpu it reads the
 GPU events (kernels, memcpys, memsets) two ways and compares them kernel name by kernel name:
 
-- mpguide: :func:`mpguide.trace.load`, the call tree's GPU events (``Tree.gpu_work``) and
+- mpguide: :func:`mpguide.traces.trace.load`, the call tree's GPU events (``Tree.gpu_work``) and
   their ``dur``;
 - HTA: ``TraceAnalysis(...).get_gpu_kernel_breakdown(duration_ratio=1,
   include_memory_kernels=True)`` on the same file, every kernel kept (no "others" group) and
@@ -51,7 +51,7 @@ def by_mpguide(path: Path, rounded: bool = False) -> Sums:
     each event from its start rounded up to its end rounded down, as HTA does."""
     import numpy as np
 
-    from mpguide import trace
+    from mpguide.traces import trace
 
     tree = trace.load(path).tree()
     ids = np.flatnonzero(tree.gpu_work)
@@ -121,7 +121,7 @@ def categories(path: Path, names: set[str]) -> dict[str, list[str]]:
     """The categories of the events with each of ``names`` in the trace."""
     import numpy as np
 
-    from mpguide import trace
+    from mpguide.traces import trace
 
     t = trace.load(path)
     found: dict[str, set[str]] = defaultdict(set)

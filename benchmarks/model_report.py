@@ -1,4 +1,4 @@
-"""Benchmark ``mpguide.modules.report`` on a 12-layer transformer of width 768 against the runs
+"""Benchmark ``mpguide.models.per_module.report`` on a 12-layer transformer of width 768 against the runs
 it stands beside.
 
 Run by ``nox -s bench`` (or ``python benchmarks/model_report.py``). The model is a stack of
@@ -7,7 +7,7 @@ no dropout) on a batch of 8 sequences of 128, on the CPU unless ``--device`` say
 Each round times, in a rotated order so that a machine that speeds up or slows down weighs on
 all of them alike:
 
-- the report: ``modules.report(model, x, autocast=DTYPE, backward=True)``;
+- the report: ``per_module.report(model, x, autocast=DTYPE, backward=True)``;
 - the yardstick: one float32 forward and backward (ones as output gradients, as the report
   does) and one float64 forward of a float64 copy, timed apart and added;
 - the report's own runs, bare: the forward and backward under autocast, the same with
@@ -40,7 +40,10 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpguide import device, dtypes, graphs, modules, timing
+from mpguide.autocast import device
+from mpguide.compiled import graphs
+from mpguide.core import dtypes, timing
+from mpguide.models import per_module
 
 GOAL = 3.0
 """The report within this many times the float32 forward and backward plus the float64
@@ -132,7 +135,7 @@ def main(argv: list[str]) -> None:
     x64 = x.double()
     record = {"provenance": provenance(argv, dev)}
     tasks = {
-        "report": lambda: modules.report(model, x, autocast=low, device=dev, backward=True),
+        "report": lambda: per_module.report(model, x, autocast=low, device=dev, backward=True),
         "fp32 forward+backward": lambda: forward_backward(model, x, dev, None),
         "fp64 forward": lambda: forward(reference, x64),
         "autocast forward+backward": lambda: forward_backward(model, x, dev, low),

@@ -100,7 +100,7 @@ def mark(name):
                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 mark("start")
 import numpy, msgspec
-from mpguide import casts, trace
+from mpguide.traces import casts, trace
 mark("import")
 inside = {"decode": 0.0, "columns": 0.0}
 class Timed:
@@ -202,7 +202,7 @@ def trace_file(events: int, layers: str, compressed: bool, folder: Path) -> Path
         print(f"generating {plain.name} ...", flush=True)
         tmp = plain.with_suffix(".tmp")
         code = (
-            "import sys; from mpguide import tracegen; "
+            "import sys; from mpguide.traces import tracegen; "
             f"tracegen.write(sys.argv[1], {events}, **{LAYERS[layers]!r})"
         )
         subprocess.run(

@@ -1,6 +1,6 @@
 """What the site records on a GPU machine: ``nox -s record`` (or ``python docs/site_recordings.py``).
 
-Each key is a table a page shows beside its live result with :func:`mpguide.record.beside`;
+Each key is a table a page shows beside its live result with :func:`mpguide.core.record.beside`;
 the recording lands in ``--out`` (the site's ``docs/recorded/``), named after the device.
 """
 
@@ -14,13 +14,15 @@ from pathlib import Path
 
 import torch
 
-from mpguide import MPGuideError, device, record
-from mpguide.table import Table
+from mpguide import MPGuideError
+from mpguide.autocast import device
+from mpguide.core import record
+from mpguide.core.table import Table
 
 
 def _policy(dtype: torch.dtype) -> Callable[[torch.device], Table]:
     def measure(dev: torch.device) -> Table:
-        from mpguide import policy
+        from mpguide.autocast import policy
 
         return policy.probe(dev, dtype).table()
 
@@ -33,7 +35,7 @@ FULL_MATMUL = (10240, 51200, 10240)
 
 
 def _matmul_errors(dev: torch.device) -> Table:
-    from mpguide import numerics
+    from mpguide.precision import numerics
 
     shapes = MATMUL_SHAPES + ((FULL_MATMUL,) if dev.type == "cuda" else ())
     return numerics.matmul_errors(shapes, dev=dev).table()
@@ -45,7 +47,7 @@ def _matmul_into_fp32(x, y, bias):
 
 
 def _compile_backends(dev: torch.device) -> Table:
-    from mpguide import backends
+    from mpguide.compiled import backends
 
     gen = torch.Generator(device=dev).manual_seed(0)
     args = tuple(
@@ -76,7 +78,7 @@ def _encoder(dev: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def _training_step_casts(dev: torch.device) -> Table:
-    from mpguide import casts, profiling
+    from mpguide.traces import casts, profiling
 
     model, x = _encoder(dev)
     labels = torch.randint(0, 10, (x.shape[0],), device=dev)
@@ -90,7 +92,7 @@ def _training_step_casts(dev: torch.device) -> Table:
 
 
 def _inference_variants(dev: torch.device) -> Table:
-    from mpguide import inference
+    from mpguide.models import inference
 
     model, x = _encoder(dev)
     return inference.compare(model.eval(), x, inference.standard(dev), dev).table()

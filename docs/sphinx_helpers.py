@@ -2,7 +2,7 @@
 
 import warnings
 
-from mpguide import state
+from mpguide.core import state
 
 # Taken when Sphinx imports this module, before any example has run.
 _PRISTINE = state.snapshot()

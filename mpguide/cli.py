@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from mpguide import MPGuideError, __version__, error_line
-from mpguide.table import FORMATS, escape_controls
+from mpguide.core.table import FORMATS, escape_controls
 
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
 
@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _policy(args: argparse.Namespace) -> str:
-    from mpguide import device, policy
+    from mpguide.autocast import device, policy
 
     if args.device == "all":
         return policy.across(args.dtype, simulate=args.simulate).table().render(args.format)
@@ -40,7 +40,7 @@ def _policy(args: argparse.Namespace) -> str:
 
 
 def _formats(args: argparse.Namespace) -> str:
-    from mpguide import formats
+    from mpguide.precision import formats
 
     return formats.table().render(args.format)
 
@@ -57,7 +57,7 @@ def _byte_size(text: str) -> int:
 
 
 def _add_max_bytes(s: argparse.ArgumentParser) -> None:
-    from mpguide.trace import MAX_BYTES, size_text
+    from mpguide.traces.trace import MAX_BYTES, size_text
 
     s.add_argument(
         "--max-bytes",
@@ -73,14 +73,14 @@ _TRACE_HELP = "the trace (.json or .json.gz), a directory of traces (one per ran
 
 def _cap(args: argparse.Namespace) -> int | None:
     """The largest trace ``--max-bytes`` lets the command read, decompressed; None for any."""
-    from mpguide import trace
+    from mpguide.traces import trace
 
     return trace.MAX_BYTES if args.max_bytes is None else args.max_bytes or None
 
 
 def _load(args: argparse.Namespace, args_of=None):
     """The trace that ``args`` names (``-`` for stdin), under the cap ``--max-bytes``."""
-    from mpguide import trace
+    from mpguide.traces import trace
 
     cap = _cap(args)
     if args.trace != "-":
@@ -100,7 +100,7 @@ def _tree(args: argparse.Namespace) -> str:
             raise MPGuideError(
                 "--id and --depth show one trace's tree: give a file, not a directory"
             )
-        from mpguide import ranks
+        from mpguide.traces import ranks
 
         found = ranks.trees_of_ranks(args.trace, op=args.op, python=args.python, **_across(args))
         return _ranks_out(found, "table" if args.format == "text" else args.format)
@@ -183,12 +183,12 @@ def _ranks_out(found, fmt: str) -> str:
 
 
 def _casts(args: argparse.Namespace) -> str:
-    from mpguide import casts
+    from mpguide.traces import casts
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
     if _is_folder(args):
-        from mpguide import ranks
+        from mpguide.traces import ranks
 
         by = args.by if args.by in casts.SUMMARY_KEYS else "cause"
         return _ranks_out(ranks.casts_of_ranks(args.trace, by=by, **_across(args)), args.format)
@@ -276,7 +276,8 @@ def _factory(spec: str):
 def _inference(args: argparse.Namespace) -> str:
     import torch
 
-    from mpguide import device, inference
+    from mpguide.autocast import device
+    from mpguide.models import inference
 
     dev = device.resolve(args.device) if args.device else device.pick()
     variants = (
@@ -307,14 +308,15 @@ def _inference(args: argparse.Namespace) -> str:
 
 
 def _model(args: argparse.Namespace) -> str:
-    from mpguide import device, modules
+    from mpguide.autocast import device
+    from mpguide.models import per_module
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
     target = device.target(args.device, simulate=args.simulate)
     model, inputs = _factory(args.spec)
     with _readers_code(f"running the model of {args.spec} on its inputs"):
-        report = modules.report(
+        report = per_module.report(
             model,
             inputs,
             autocast=_option("autocast", args.autocast),
@@ -331,7 +333,7 @@ def _model(args: argparse.Namespace) -> str:
 
 def _option(flag: str, value: str | None):
     """A dtype option, its error naming the flag."""
-    from mpguide import dtypes
+    from mpguide.core import dtypes
 
     if value is None:
         return None
@@ -345,7 +347,9 @@ def _graph(args: argparse.Namespace) -> str:
     import msgspec
     import torch
 
-    from mpguide import device, dtypes, graphs
+    from mpguide.autocast import device
+    from mpguide.compiled import graphs
+    from mpguide.core import dtypes
 
     fn = _load_spec(args.function)
     target = device.target(args.device, simulate=True)

@@ -11,21 +11,22 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.text import Text
 
-    from mpguide import backends, training
-    from mpguide.autograd import DtypeLog
-    from mpguide.calltree import Node
-    from mpguide.casts import CastReport
-    from mpguide.formats import Format
-    from mpguide.graphs import Graphs
-    from mpguide.inference import Result
-    from mpguide.master_weights import Curve
-    from mpguide.modules import Report as ModuleReport
-    from mpguide.numerics import KSweep, MatmulErrors
-    from mpguide.policy import Devices
-    from mpguide.switches import Effect
-    from mpguide.table import Table
+    from mpguide.autocast.policy import Devices
+    from mpguide.compiled import backends
+    from mpguide.compiled.graphs import Graphs
+    from mpguide.core.switches import Effect
+    from mpguide.core.table import Table
+    from mpguide.models.inference import Result
+    from mpguide.models.per_module import Report as ModuleReport
+    from mpguide.precision.formats import Format
+    from mpguide.precision.numerics import KSweep, MatmulErrors
+    from mpguide.traces.calltree import Node
+    from mpguide.traces.casts import CastReport
+    from mpguide.training import loop
+    from mpguide.training.autograd import DtypeLog
+    from mpguide.training.master_weights import Curve
 
-# One colour per autocast class, in the order of mpguide.policy.CLASSES.
+# One colour per autocast class, in the order of mpguide.autocast.policy.CLASSES.
 CLASS_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#d9d9d9", "#c44e52", "#8172b2")
 
 
@@ -35,7 +36,7 @@ def policy_map(devices: Devices, only_differing: bool = False) -> Figure:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    from mpguide.policy import CLASSES
+    from mpguide.autocast.policy import CLASSES
 
     table = devices.table()
     rows = [r for r in table.rows if r[-1] or not only_differing]
@@ -89,8 +90,8 @@ def dtype_key(value: Any) -> str:
     """The key of :data:`DTYPE_COLOURS` a value stands for: a dtype (``torch.bfloat16``,
     ``'bfloat16'``, ``'bf16[8, 4]'``), ``'error'`` (an error or ``'raised'``), ``'needs
     hardware'``, ``'none'`` (nothing, ``''``), or ``'other'``."""
-    from mpguide import dtypes
-    from mpguide.table import cell
+    from mpguide.core import dtypes
+    from mpguide.core.table import cell
 
     text = cell(value).strip()
     word = dtypes.canonical(text.split("[", 1)[0])
@@ -107,7 +108,7 @@ def _short(key: str) -> str | None:
     """``bf16`` for the key ``bfloat16``, ``error`` for ``error``, else ``None``."""
     import torch
 
-    from mpguide import dtypes
+    from mpguide.core import dtypes
 
     return (
         dtypes.short(getattr(torch, key))
@@ -162,7 +163,7 @@ def dtype_grid(table: Table, columns: Sequence[str] | None = None, title: str = 
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from mpguide.table import cell
+    from mpguide.core.table import cell
 
     columns = list(columns or table.columns[1:])
     missing = [c for c in columns if c not in table.columns]
@@ -207,7 +208,7 @@ def dtype_strips(strips: Mapping[str, Sequence[Box]], title: str = "") -> Figure
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from mpguide import dtypes
+    from mpguide.core import dtypes
 
     # At least 12 slots, so that a short strip keeps small boxes; narrow, so that the labels
     # stay legible when a phone scales the figure down.
@@ -298,7 +299,7 @@ def graph_strips(
 
 
 def log_strips(log: DtypeLog, phases: Sequence[str] | None = None, title: str = "") -> Figure:
-    """The ops a :class:`~mpguide.autograd.DtypeLog` saw, one strip per phase (default: every
+    """The ops a :class:`~mpguide.training.autograd.DtypeLog` saw, one strip per phase (default: every
     phase, in order), a box per op coloured by its output dtype, casts outlined; a backward op
     that produces a parameter's gradient names the parameter."""
     strips = {
@@ -388,7 +389,7 @@ def comparison_bars(
     comparisons: Mapping[str, backends.Comparison], metric: str = "max_abs", title: str = ""
 ) -> Figure:
     """:func:`backend_bars` of one statistic (a key of :data:`METRICS`) of each backend's
-    outcome, one group per :class:`~mpguide.backends.Comparison`; a backend that raised is
+    outcome, one group per :class:`~mpguide.compiled.backends.Comparison`; a backend that raised is
     marked ``raised``. The title ends with the machine the first comparison ran on."""
     if metric not in METRICS:
         raise MPGuideError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
@@ -404,7 +405,7 @@ def comparison_bars(
 
 def training_curves(curves: Mapping[str, Curve], title: str = "") -> Figure:
     """The loss (log scale) and the share of updates the weights lost, per step, one line per
-    :class:`~mpguide.master_weights.Curve`, labelled by its key."""
+    :class:`~mpguide.training.master_weights.Curve`, labelled by its key."""
     import matplotlib.pyplot as plt
 
     if len(curves) > len(GROUP_COLOURS):
@@ -836,7 +837,7 @@ def magnitude_histogram(
     return fig
 
 
-def scale_trace(run: training.Run, *, title: str = "") -> Figure:
+def scale_trace(run: loop.Run, *, title: str = "") -> Figure:
     """The loss scale a GradScaler used at each step of a run (log2 axis), with the steps it
     skipped, whose scaled gradients held an inf or NaN, marked in red."""
     import matplotlib.pyplot as plt
@@ -891,7 +892,7 @@ def accumulation(histories: Mapping[str, Sequence[Sequence[float]]], *, title: s
     return fig
 
 
-def training_runs(runs: training.Runs, *, unchanged: bool = False, title: str = "") -> Figure:
+def training_runs(runs: loop.Runs, *, unchanged: bool = False, title: str = "") -> Figure:
     """The held-out loss of each run against the step, and its difference from the first
     run's; with ``unchanged``, also the shares of weights and of ``exp_avg_sq`` entries with a
     nonzero gradient that each step left as they were."""
@@ -938,12 +939,12 @@ def training_runs(runs: training.Runs, *, unchanged: bool = False, title: str = 
 # --- Training chapter: layers with state, recompute, communication ---
 
 
-def running_means(result: training.RunningMeans, *, title: str = "") -> Figure:
+def running_means(result: loop.RunningMeans, *, title: str = "") -> Figure:
     """The running mean a BatchNorm kept after each step, one line per buffer dtype coloured
     as that dtype, the mean it was fed dashed, and a dot where each line stopped moving."""
     import matplotlib.pyplot as plt
 
-    from mpguide import dtypes
+    from mpguide.core import dtypes
 
     fig, ax = plt.subplots(figsize=(8.0, 3.8), layout="constrained")
     for dt in result.buffers:
@@ -971,7 +972,7 @@ def running_means(result: training.RunningMeans, *, title: str = "") -> Figure:
     return fig
 
 
-def sum_errors(sweep: training.Sweep, *, title: str = "") -> Figure:
+def sum_errors(sweep: loop.Sweep, *, title: str = "") -> Figure:
     """The error of a summed gradient against the count of contributions (log axis), one line
     per way of summing; the error axis is linear near zero, where exact sums sit."""
     import matplotlib.pyplot as plt
@@ -993,15 +994,15 @@ def sum_errors(sweep: training.Sweep, *, title: str = "") -> Figure:
     return fig
 
 
-def communication_costs(result: training.Communication, *, title: str = "") -> Figure:
-    """Per setup of a :class:`~mpguide.training.Communication`: the bytes handed to the
+def communication_costs(result: loop.Communication, *, title: str = "") -> Figure:
+    """Per setup of a :class:`~mpguide.training.loop.Communication`: the bytes handed to the
     collectives in one step, split by dtype and coloured as the dtype (left), and the
     error communication added to the gradient at each loss scale (right, log axis, ``0``
     written where it added none)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from mpguide import dtypes
+    from mpguide.core import dtypes
 
     setups = list(dict.fromkeys(r.setup for r in result.runs))
     scales = result.scales
@@ -1127,7 +1128,7 @@ def cast_time_by_module(reports: Mapping[str, CastReport], *, title: str = "") -
     """The cast time of each report (a bar each, labelled by the mapping's keys) per module,
     largest first, then the casts fused into kernels per kind: kernel time where the trace
     has GPU events, else CPU time. Casts outside any module are ``(no module)``."""
-    from mpguide.casts import FUSED_KINDS, NO_MODULE
+    from mpguide.traces.casts import FUSED_KINDS, NO_MODULE
 
     values: dict[str, dict[str, float]] = {}
     for label, report in reports.items():

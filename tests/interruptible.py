@@ -1,4 +1,4 @@
-"""An ``args_of`` for :func:`mpguide.trace.load` that holds each process of a two-process
+"""An ``args_of`` for :func:`mpguide.traces.trace.load` that holds each process of a two-process
 decode mid-read, so that a test can signal them there: the first call in a process leaves a
 file named by its pid in ``$MPGUIDE_TEST_MARKS``, then sleeps."""
 

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, autograd
-from mpguide.autograd import DtypeLog, grad_graph
+from mpguide import MPGuideError
+from mpguide.training import autograd
+from mpguide.training.autograd import DtypeLog, grad_graph
 
 BF16, FP32 = torch.bfloat16, torch.float32
 ACC = "torch::autograd::AccumulateGrad"

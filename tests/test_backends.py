@@ -2,7 +2,8 @@ import pytest
 import torch
 from compile_fns import issue_inputs, matmul_out_fp32, round_trip
 
-from mpguide import MPGuideError, backends
+from mpguide import MPGuideError
+from mpguide.compiled import backends
 
 
 def _exact(x, y, b):

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, casting
+from mpguide import MPGuideError
+from mpguide.training import casting
 
 BF16, FP32 = torch.bfloat16, torch.float32
 

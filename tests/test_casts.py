@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from mpguide import MPGuideError, casts, trace, tracegen
+from mpguide import MPGuideError
+from mpguide.traces import casts, trace, tracegen
 
 DATA = Path(__file__).parent / "data"
 BASE = 4_402_438_546_149.513
@@ -210,7 +211,7 @@ def test_renderings():
 def test_scalar_type_codes_match_this_torch(dtype):
     import torch
 
-    from mpguide.profiling import profile_fn
+    from mpguide.traces.profiling import profile_fn
 
     x = torch.ones(4, 8)
     target = getattr(torch, dtype)
@@ -456,7 +457,7 @@ def test_scalar_casts_fold_into_one_row_and_limit_says_what_it_left_out():
 def test_a_live_training_step_folds_the_optimizers_scalar_casts_and_ties_its_backward():
     import torch
 
-    from mpguide.profiling import profile_fn
+    from mpguide.traces.profiling import profile_fn
 
     class Norm(torch.nn.Module):
         def forward(self, x):

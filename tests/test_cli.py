@@ -6,12 +6,12 @@ import pytest
 import torch
 from conftest import mpguide_process
 
-from mpguide import device
+from mpguide.autocast import device
 from mpguide.cli import main
 
 
 def test_policy_json_matches_the_catalogue(capsys):
-    from mpguide import policy
+    from mpguide.autocast import policy
 
     assert main(["policy", "--device", "cpu", "--dtype", "bf16", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)

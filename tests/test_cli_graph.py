@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import mpguide_process
 
-from mpguide import device
+from mpguide.autocast import device
 
 FUNCTIONS = """
 import torch

@@ -3,8 +3,9 @@ import json
 import pytest
 from conftest import mpguide_process
 
-from mpguide import MPGuideError, inference
+from mpguide import MPGuideError
 from mpguide.cli import main
+from mpguide.models import inference
 
 FACTORY = """
 import torch

@@ -5,7 +5,7 @@ import sys
 import pytest
 from conftest import mpguide_process
 
-from mpguide import device
+from mpguide.autocast import device
 from mpguide.cli import main
 
 FACTORIES = """

@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import mpguide_process
 
-from mpguide import formats
 from mpguide.cli import main
+from mpguide.precision import formats
 
 
 def test_formats_json_matches_finfo(capsys):

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from conftest import mpguide_process
 
-from mpguide import tracegen
 from mpguide.cli import main
+from mpguide.traces import tracegen
 
 DATA = Path(__file__).parent / "data"
 MATMUL = str(DATA / "autocast_matmul.json.gz")

@@ -2,7 +2,8 @@ import pytest
 import torch
 from compile_fns import round_trip
 
-from mpguide import MPGuideError, backends, compile_logs, graphs
+from mpguide import MPGuideError
+from mpguide.compiled import backends, compile_logs, graphs
 
 
 def test_unused_conversions_finds_a_dropped_rounding():

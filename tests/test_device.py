@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, device
+from mpguide import MPGuideError
+from mpguide.autocast import device
 
 
 def test_pick_is_cuda_exactly_when_available(monkeypatch):
@@ -113,7 +114,7 @@ def test_a_module_with_parameters_on_a_simulated_cuda_does_not_abort():
 
     script = (
         "import torch\n"
-        "from mpguide import device\n"
+        "from mpguide.autocast import device\n"
         "with device.simulate('cuda', torch.bfloat16) as dev:\n"
         "    norm = torch.nn.LayerNorm(8, device=dev)\n"
         "    print(norm(torch.randn(2, 8, device=dev).bfloat16()).dtype)\n"

@@ -1,7 +1,10 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, casts, dtypes, formats
+from mpguide import MPGuideError
+from mpguide.core import dtypes
+from mpguide.precision import formats
+from mpguide.traces import casts
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpguide import MPGuideError, formats
+from mpguide import MPGuideError
+from mpguide.precision import formats
 
 
 def _bits(x: torch.Tensor) -> list[int]:

@@ -22,8 +22,8 @@ import tracemalloc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpguide import trace
 from mpguide.cli import main
+from mpguide.traces import trace
 
 CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 PEAK = 96 << 20

@@ -3,7 +3,9 @@ import torch
 from compile_fns import issue_inputs, matmul_out_fp32, round_trip
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from mpguide import MPGuideError, backends, device, graphs
+from mpguide import MPGuideError
+from mpguide.autocast import device
+from mpguide.compiled import backends, graphs
 
 
 def _exact(x, y, b):

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mpguide import tracegen
 from mpguide.cli import main
+from mpguide.traces import tracegen
 
 MiB = 1 << 20
 TINY = b'{"ph":"X","name":"a","ts":1,"dur":1},'
@@ -160,7 +160,7 @@ def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     def exhausted(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr("mpguide.calltree.build", exhausted)
+    monkeypatch.setattr("mpguide.traces.calltree.build", exhausted)
     assert main(["casts", small]) == 2
     one_line(capsys, "out of memory")
 
@@ -240,7 +240,8 @@ def test_a_model_whose_fp16_outputs_overflow_gives_strict_json(tmp_path, monkeyp
 _HELD = """
 import sys
 import interruptible
-from mpguide import casts, cli, trace
+from mpguide import cli
+from mpguide.traces import casts, trace
 trace.PARALLEL_BYTES = 0
 casts.needs_args = interruptible.needs_args
 sys.exit(cli.main(sys.argv[1:]))

@@ -2,8 +2,10 @@ import pytest
 import torch
 from torch import nn
 
-from mpguide import MPGuideError, inference, timing
-from mpguide.device import describe
+from mpguide import MPGuideError
+from mpguide.autocast.device import describe
+from mpguide.core import timing
+from mpguide.models import inference
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, master_weights
+from mpguide import MPGuideError
+from mpguide.training import master_weights
 
 BF16 = torch.bfloat16
 

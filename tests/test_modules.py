@@ -2,7 +2,12 @@ import pytest
 import torch
 from torch import nn
 
-from mpguide import MPGuideError, autograd, device, graphs, modules, numerics
+from mpguide import MPGuideError
+from mpguide.autocast import device
+from mpguide.compiled import graphs
+from mpguide.models import per_module
+from mpguide.precision import numerics
+from mpguide.training import autograd
 
 
 class Scale(nn.Module):
@@ -35,7 +40,7 @@ def _mlp():
 
 def test_a_linear_under_autocast_against_its_own_float64_run():
     model, x = _mlp()
-    report = modules.report(model, x, autocast="bf16", device="cpu")
+    report = per_module.report(model, x, autocast="bf16", device="cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         first = model[0](x)
     want = numerics.errors(first, nn.Linear.forward(model[0].double(), x.double()))
@@ -60,7 +65,7 @@ def test_a_module_called_twice_has_a_row_per_call():
     torch.manual_seed(0)
     lin = nn.Linear(8, 8)
     model = nn.Sequential(lin, nn.Tanh(), lin)
-    report = modules.report(model, torch.randn(2, 8))
+    report = per_module.report(model, torch.randn(2, 8))
     assert [c.key for c in report.calls] == [("", 0), ("0", 0), ("1", 0), ("0", 1)]
     assert report[("0", 1)].label == "0, call 2"
     # The second call's input carries the error of the first call and the tanh.
@@ -70,7 +75,7 @@ def test_a_module_called_twice_has_a_row_per_call():
 
 def test_autocast_casts_leave_out_the_casts_the_module_makes_itself():
     model = nn.Sequential(nn.Linear(4, 4), OwnCast())
-    report = modules.report(model, torch.randn(2, 4), autocast=torch.float16)
+    report = per_module.report(model, torch.randn(2, 4), autocast=torch.float16)
     # Under autocast the linear returns fp16, so only the cast back to fp32 runs; without
     # autocast both casts run: autocast added none of them.
     assert report["1"].casts == 1 and report["1"].autocast_casts == 0
@@ -84,7 +89,7 @@ def test_an_fp16_overflow_is_found_where_it_starts():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), Scale(1e5), nn.Linear(8, 8), nn.Softmax(-1))
     x = torch.randn(4, 8)
-    fp16 = modules.report(model, x, autocast="float16")
+    fp16 = per_module.report(model, x, autocast="float16")
     scale = fp16["1"]
     ref = model[0](x).double() * 1e5
     over = int((ref.abs() > torch.finfo(torch.float16).max).sum())
@@ -93,7 +98,7 @@ def test_an_fp16_overflow_is_found_where_it_starts():
     assert fp16["2"].input_nonfinite == over and fp16["2"].nonfinite > 0
     assert fp16.first_nonfinite is scale
     assert fp16.findings()[0].startswith("first non-finite output: 1 (Scale)")
-    bf16 = modules.report(model, x, autocast="bfloat16")
+    bf16 = per_module.report(model, x, autocast="bfloat16")
     assert bf16.first_nonfinite is None and bf16["1"].beyond_range == 0
     assert all(c.nonfinite == 0 for c in bf16.calls)
 
@@ -102,22 +107,22 @@ def test_values_flushed_to_zero_and_a_jump_in_error():
     torch.manual_seed(0)
     x = torch.rand(4, 8) + 0.5
     model = nn.Sequential(Scale(1.0), Scale(1e-9), Scale(1e9), Cancel())
-    report = modules.report(model, x, dtype="float16")
+    report = per_module.report(model, x, dtype="float16")
     assert report.dtype == torch.float16 and report.autocast is None
     assert report["1"].to_zero == x.numel() and report["0"].to_zero == 0
     # Scaling back up cannot recover the values: the error is the whole reference.
     assert report["2"].error.max_abs == pytest.approx(x.abs().max().item(), rel=1e-9)
     assert report.first_jump is report["1"]
-    cancel = modules.report(nn.Sequential(Scale(1.0), Cancel()), x, dtype="float16")
+    cancel = per_module.report(nn.Sequential(Scale(1.0), Cancel()), x, dtype="float16")
     assert cancel.first_jump is cancel["1"] and cancel["1"].to_zero == 0
-    assert cancel["1"].error.max_rel > modules.JUMP * cancel["1"].input_error.max_rel
+    assert cancel["1"].error.max_rel > per_module.JUMP * cancel["1"].input_error.max_rel
     columns = report.table().columns
     assert "autocast casts" not in columns and "|ref| > f16 max" in columns
 
 
 def test_backward_ops_and_casts_fall_in_the_module_that_ran_the_forward_op():
     model, x = _mlp()
-    report = modules.report(model, x, backward=True)
+    report = per_module.report(model, x, backward=True)
     with autograd.DtypeLog() as log:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(x)
@@ -135,8 +140,8 @@ def test_a_simulated_device_has_dtypes_and_casts_but_no_errors():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
     x = torch.randn(2, 8)
-    cuda = modules.report(model, x, autocast="fp16", device="cuda", simulate=True)
-    cpu = modules.report(model, x, autocast="fp16", device="cpu")
+    cuda = per_module.report(model, x, autocast="fp16", device="cuda", simulate=True)
+    cpu = per_module.report(model, x, autocast="fp16", device="cpu")
     assert cuda.simulated and cuda.how == device.SIMULATED and device.SIMULATED in cuda.caption
     # Each device's autocast: CUDA runs layer_norm in fp32, the CPU keeps fp16.
     assert cuda["1"].outputs == (torch.float32,) and cpu["1"].outputs == (torch.float16,)
@@ -146,7 +151,7 @@ def test_a_simulated_device_has_dtypes_and_casts_but_no_errors():
         f"simulated ({device.SIMULATED}): dtypes, ops and casts only, no errors"
     ]
     assert not any(isinstance(p, torch._subclasses.FakeTensor) for p in model.parameters())
-    differ = modules.differences(cpu, cuda)
+    differ = per_module.differences(cpu, cuda)
     assert [r[0] for r in differ.rows] == ["(root)", "1"]
     assert differ.records()[1]["out, cuda (simulated) autocast(cuda, float16)"] == "f32"
     assert differ.records()[1][f"out, cpu ({device.LIVE}) autocast(cpu, float16)"] == "f16"
@@ -156,7 +161,7 @@ def test_differences_lists_a_call_only_one_report_has():
     torch.manual_seed(0)
     one, two = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     x = torch.randn(2, 4)
-    table = modules.differences(modules.report(one, x), modules.report(two, x))
+    table = per_module.differences(per_module.report(one, x), per_module.report(two, x))
     assert [r[0] for r in table.rows] == ["1"] and table.rows[0][1:5] == (None,) * 4
     assert table.columns[1].endswith("(1)") and table.columns[5].endswith("(2)")
 
@@ -167,9 +172,9 @@ def test_the_model_is_left_as_it_was_even_when_it_raises():
     model[1].eval()
     before = {n: p.clone() for n, p in model.state_dict().items()}
     objects = list(model.parameters())
-    modules.report(model, x, dtype="bf16", backward=True)
+    per_module.report(model, x, dtype="bf16", backward=True)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        modules.report(model, x[:, :3])
+        per_module.report(model, x[:, :3])
     assert [m.training for m in model.modules()] == [True, True, False, True]
     assert list(model.parameters()) == objects and all(p.dtype == torch.float32 for p in objects)
     assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
@@ -180,12 +185,12 @@ def test_the_model_is_left_as_it_was_even_when_it_raises():
 
 def test_limit_keeps_the_first_rows_and_says_how_many_more():
     model, x = _mlp()
-    table = modules.report(model, x).table(limit=2)
+    table = per_module.report(model, x).table(limit=2)
     assert [r[0] for r in table.rows] == ["(root)", "0"]
     assert table.notes[-1] == "... 2 more module calls not shown (2 of 4)"
     assert (
-        "(root)" in repr(modules.report(model, x))
-        and "<table" in modules.report(model, x)._repr_html_()
+        "(root)" in repr(per_module.report(model, x))
+        and "<table" in per_module.report(model, x)._repr_html_()
     )
 
 
@@ -206,7 +211,7 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
     model, x = _mlp()
     args = {"model": model, "inputs": x, **kwargs}
     with pytest.raises(MPGuideError, match=message):
-        modules.report(args.pop("model"), args.pop("inputs"), **args)
+        per_module.report(args.pop("model"), args.pop("inputs"), **args)
 
 
 class LowOnly(nn.Module):
@@ -218,14 +223,14 @@ class LowOnly(nn.Module):
 
 def test_a_model_that_cannot_run_in_float64_is_named_so():
     with pytest.raises(MPGuideError, match="the float64 copy of the model raised TypeError"):
-        modules.report(LowOnly(), torch.ones(2))
+        per_module.report(LowOnly(), torch.ones(2))
 
 
 @pytest.mark.skipif(torch.cuda._is_compiled(), reason="this build runs autograd on CUDA")
 def test_backward_on_a_device_this_build_cannot_differentiate_is_refused():
     model, x = _mlp()
     with pytest.raises(MPGuideError, match="no backward pass on a simulated cuda"):
-        modules.report(model, x, device="cuda", simulate=True, backward=True)
+        per_module.report(model, x, device="cuda", simulate=True, backward=True)
 
 
 # -- a model from a library readers use ------------------------------------------------------
@@ -251,7 +256,7 @@ def qwen():
 
 def test_a_transformers_model_live_and_simulated(qwen):
     model, inputs = qwen
-    live = modules.report(model, inputs, backward=True)
+    live = per_module.report(model, inputs, backward=True)
     q, norm = live["model.layers.0.self_attn.q_proj"], live["model.layers.0.input_layernorm"]
     assert q.outputs == (torch.bfloat16,) and q.params == (torch.float32,) and q.autocast_casts
     # Qwen2's RMSNorm computes in float32 itself: its output stays float32 under autocast,
@@ -259,6 +264,6 @@ def test_a_transformers_model_live_and_simulated(qwen):
     assert norm.outputs == (torch.float32,) and norm.key in live.narrowed
     assert live[""].error.max_rel > 0 and live.first_nonfinite is None
     assert sum(c.backward_ops for c in live.calls) > sum(c.ops for c in live.calls)
-    sim = modules.report(model, inputs, autocast="fp16", device="cuda", simulate=True)
+    sim = per_module.report(model, inputs, autocast="fp16", device="cuda", simulate=True)
     assert [c.key for c in sim.calls] == [c.key for c in live.calls]
     assert sim["model.layers.1.mlp.down_proj"].outputs == (torch.float16,)

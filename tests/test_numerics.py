@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from mpguide import MPGuideError, numerics
+from mpguide import MPGuideError
+from mpguide.precision import numerics
 
 SHAPE = (32, 512, 24)
 

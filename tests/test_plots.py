@@ -7,8 +7,9 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from mpguide import MPGuideError, plots, policy
-from mpguide.table import Table
+from mpguide import MPGuideError, plots
+from mpguide.autocast import policy
+from mpguide.core.table import Table
 
 
 def test_policy_map_colours_each_op_on_each_device():
@@ -94,7 +95,7 @@ def test_dtype_strips_draw_a_box_per_step_and_outline_conversions():
 
 
 def test_graph_strips_follow_the_dtype_of_each_node():
-    from mpguide import graphs
+    from mpguide.compiled import graphs
 
     def round_trip(x):
         return (x.to(torch.bfloat16) * 2).float()
@@ -119,7 +120,7 @@ def test_graph_strips_follow_the_dtype_of_each_node():
 
 
 def test_log_strips_draw_each_phase_of_a_log():
-    from mpguide import autograd
+    from mpguide.training import autograd
 
     lin = torch.nn.Linear(4, 2)
     with autograd.DtypeLog(lin) as log:
@@ -159,7 +160,7 @@ def test_backend_bars_draw_one_bar_per_group_and_backend():
 
 
 def test_comparison_bars_draw_one_statistic_of_each_outcome():
-    from mpguide import backends
+    from mpguide.compiled import backends
 
     def rounds(x):
         return x.to(torch.bfloat16).float() * 3
@@ -178,7 +179,7 @@ def test_comparison_bars_draw_one_statistic_of_each_outcome():
 
 
 def test_training_curves_draw_loss_and_lost_share_per_curve():
-    from mpguide import master_weights
+    from mpguide.training import master_weights
 
     curves = {w: master_weights.train(w, steps=20) for w in ("float32", "bfloat16")}
     fig = plots.training_curves(curves, title="sgd")
@@ -205,7 +206,7 @@ def _hex(patch):
 
 
 def test_bit_layout_draws_one_box_per_bit_coloured_by_field():
-    from mpguide import formats
+    from mpguide.precision import formats
 
     fmts = [formats.get(n) for n in ("float32", "bfloat16", "float16", "float8_e4m3fn")]
     ax = plots.bit_layout(fmts).axes[0]
@@ -238,7 +239,7 @@ def test_bars_groups_series_with_values_and_labels():
 
 
 def test_matmul_error_bars_one_bar_per_row_labelled_with_how():
-    from mpguide.numerics import EMULATED, HARDWARE, ErrorStats, MatmulErrors, MatmulRow
+    from mpguide.precision.numerics import EMULATED, HARDWARE, ErrorStats, MatmulErrors, MatmulRow
 
     def row(mode, shape, how, rel):
         return MatmulRow(mode, shape, how, ErrorStats(rel, rel, rel, 0.0), None)
@@ -262,7 +263,7 @@ def test_matmul_error_bars_one_bar_per_row_labelled_with_how():
 
 
 def test_switch_effects_colours_changed_cells():
-    from mpguide.switches import Effect
+    from mpguide.core.switches import Effect
 
     effects = [
         Effect((("fp32_precision", "tf32"),), "cuda", (("matmul", 1e-3), ("conv2d", 0.0)), True),
@@ -291,7 +292,7 @@ def test_overflow_histogram_reddens_the_bins_past_the_limit():
 def test_icicle_draws_every_cpu_op_and_colours_the_casts():
     from pathlib import Path
 
-    from mpguide import casts, trace
+    from mpguide.traces import casts, trace
 
     tree = trace.load(Path(__file__).parent / "data" / "autocast_matmul.json.gz").tree()
     report = casts.report(tree)
@@ -329,7 +330,7 @@ def test_icicle_draws_every_cpu_op_and_colours_the_casts():
 
 
 def test_k_sweep_draws_each_curve_on_both_axes():
-    from mpguide.numerics import ErrorStats, KSweep, SweepRow
+    from mpguide.precision.numerics import ErrorStats, KSweep, SweepRow
 
     rows = tuple(
         SweepRow(fmt, acc, k, ErrorStats(0.0, scale * k**0.5, scale * k, 0.0))
@@ -355,8 +356,8 @@ def test_k_sweep_draws_each_curve_on_both_axes():
 
 
 def test_latency_error_places_each_variant_at_its_median_and_error():
-    from mpguide.inference import Result, Variant
-    from mpguide.timing import Latency
+    from mpguide.core.timing import Latency
+    from mpguide.models.inference import Result, Variant
 
     def result(name, error, times):
         return Result(
@@ -376,7 +377,7 @@ def test_latency_error_places_each_variant_at_its_median_and_error():
 def test_cast_costs_stacks_directions_per_cause():
     import json
 
-    from mpguide import casts, trace
+    from mpguide.traces import casts, trace
 
     def op(name, ts, dur, **args):
         return {
@@ -419,10 +420,11 @@ def test_cast_costs_stacks_directions_per_cause():
 def _run(name, evals, scales=(), found_inf=(), unchanged=(0.0, 0.5)):
     from torch import nn
 
-    from mpguide import timing, training
+    from mpguide.core import timing
+    from mpguide.training import loop
 
-    return training.Run(
-        recipe=training.Recipe(name),
+    return loop.Run(
+        recipe=loop.Recipe(name),
         losses=(1.0, 0.5),
         evals=evals,
         scales=scales,
@@ -488,9 +490,10 @@ def test_accumulation_draws_means_and_shades_spread():
 
 
 def test_training_runs_draw_losses_differences_and_unchanged_shares():
-    from mpguide import device, training
+    from mpguide.autocast import device
+    from mpguide.training import loop
 
-    runs = training.Runs(
+    runs = loop.Runs(
         (_run("a", ((0, 4.0), (10, 2.0))), _run("b", ((0, 4.0), (10, 2.5)), unchanged=(0.2, 0.9))),
         "task",
         device.describe("cpu"),
@@ -504,7 +507,7 @@ def test_training_runs_draw_losses_differences_and_unchanged_shares():
     assert diff.get_title() == "held-out loss minus a's"
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a", "b"]
     assert len(plots.training_runs(runs).axes) == 2
-    many = training.Runs(runs.runs * 4, "task", runs.machine)
+    many = loop.Runs(runs.runs * 4, "task", runs.machine)
     with pytest.raises(MPGuideError, match="at most 6 runs"):
         plots.training_runs(many)
     plt.close("all")
@@ -514,10 +517,10 @@ def test_training_runs_draw_losses_differences_and_unchanged_shares():
 
 
 def test_running_means_draws_a_line_per_buffer_dtype_and_marks_where_it_stopped():
-    from mpguide import training
+    from mpguide.training import loop
 
     bf16 = torch.bfloat16
-    means = training.RunningMeans(
+    means = loop.RunningMeans(
         3.0, 0.1, "cpu", ((torch.float32, (1.0, 2.0, 2.9, 2.99)), (bf16, (1.0, 2.0, 2.5, 2.5)))
     )
     fig = plots.running_means(means, title="means")
@@ -537,15 +540,15 @@ def test_running_means_draws_a_line_per_buffer_dtype_and_marks_where_it_stopped(
 
 
 def _stats(*values):
-    from mpguide.numerics import ErrorStats
+    from mpguide.precision.numerics import ErrorStats
 
     return tuple(ErrorStats(v, v, v, 0.0) for v in values)
 
 
 def test_sum_errors_draws_each_way_against_the_count():
-    from mpguide import training
+    from mpguide.training import loop
 
-    sweep = training.Sweep(
+    sweep = loop.Sweep(
         "a sum", "terms", (1, 4, 16), ("exact", "rounded"), (_stats(0, 0, 0), _stats(0, 0.1, 0.3))
     )
     fig = plots.sum_errors(sweep)
@@ -555,30 +558,30 @@ def test_sum_errors_draws_each_way_against_the_count():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["exact", "rounded"]
     assert (ax.get_xscale(), ax.get_yscale(), ax.get_xlabel()) == ("log", "symlog", "terms")
     assert fig.get_suptitle() == "a sum"
-    many = training.Sweep("x", "n", (1,), tuple("abcdefg"), tuple(_stats(0) for _ in range(7)))
+    many = loop.Sweep("x", "n", (1,), tuple("abcdefg"), tuple(_stats(0) for _ in range(7)))
     with pytest.raises(MPGuideError, match="at most 6 ways, got 7"):
         plots.sum_errors(many)
     plt.close("all")
 
 
 def test_communication_costs_split_bytes_by_dtype_and_write_each_error():
-    from mpguide import training
+    from mpguide.training import loop
 
     bf16, f32 = torch.bfloat16, torch.float32
     gather, scatter = "c10d._allgather_base_", "c10d._reduce_scatter_base_"
 
     def run(setup, scale, collectives, error):
-        return training.CommRun(
+        return loop.CommRun(
             setup, scale, collectives, f32, bf16, _stats(error)[0], _stats(error)[0], 0.0, True
         )
 
     sharded = (
-        training.Collective(gather, bf16, 100),
-        training.Collective(scatter, f32, 300),
-        training.Collective(gather, bf16, 100),
+        loop.Collective(gather, bf16, 100),
+        loop.Collective(scatter, f32, 300),
+        loop.Collective(gather, bf16, 100),
     )
-    plain = (training.Collective("c10d.allreduce_", f32, 400),)
-    comm = training.Communication(
+    plain = (loop.Collective("c10d.allreduce_", f32, 400),)
+    comm = loop.Communication(
         2,
         100,
         (
@@ -602,7 +605,7 @@ def test_communication_costs_split_bytes_by_dtype_and_write_each_error():
     assert right.get_xscale() == "log"
     scales = tuple(run("DDP", 2.0**-i, plain, 0.0) for i in range(7))
     with pytest.raises(MPGuideError, match="at most 6 scales, got 7"):
-        plots.communication_costs(training.Communication(2, 100, scales))
+        plots.communication_costs(loop.Communication(2, 100, scales))
     plt.close("all")
 
 
@@ -614,7 +617,7 @@ def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
 
     from torch import nn
 
-    from mpguide import modules
+    from mpguide.models import per_module
 
     class Huge(nn.Module):
         def forward(self, x):
@@ -623,8 +626,8 @@ def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), Huge(), nn.Linear(4, 4))
     x = torch.randn(2, 4)
-    fp16 = modules.report(model, x, autocast="fp16", device="cpu")
-    bf16 = modules.report(model, x, autocast="bf16", device="cpu")
+    fp16 = per_module.report(model, x, autocast="fp16", device="cpu")
+    bf16 = per_module.report(model, x, autocast="bf16", device="cpu")
     fig = plots.module_errors({"fp16": fp16, "bf16": bf16}, title="t")
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["(root)", "0", "1", "2"]
@@ -640,7 +643,7 @@ def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
     assert ax.get_yscale() == "symlog"
     legend = plots.module_errors({"bf16": bf16}).legends[0]
     assert [t.get_text() for t in legend.get_texts()] == ["bf16"]
-    simulated = modules.report(model, x, device="cuda", simulate=True)
+    simulated = per_module.report(model, x, device="cuda", simulate=True)
     with pytest.raises(MPGuideError, match="'sim' is simulated"):
         plots.module_errors({"sim": simulated})
     plt.close("all")
@@ -652,7 +655,7 @@ def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
 def test_cast_time_by_module_draws_each_trace_per_module_and_fused_kind():
     from pathlib import Path
 
-    from mpguide import casts, trace
+    from mpguide.traces import casts, trace
 
     gpu = Path(__file__).parent / "data" / "gpu"
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from mpguide import MPGuideError, device, policy
+from mpguide import MPGuideError
+from mpguide.autocast import device, policy
 
 CPU = torch.device("cpu")
 

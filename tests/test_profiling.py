@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 
-from mpguide import MPGuideError, trace
-from mpguide.profiling import activities, profile_fn
+from mpguide import MPGuideError
+from mpguide.traces import trace
+from mpguide.traces.profiling import activities, profile_fn
 
 
 def matmul_step():

@@ -13,8 +13,9 @@ import msgspec
 import pytest
 from conftest import ROOT
 
-from mpguide import MPGuideError, casts, ranks, trace, tracegen
+from mpguide import MPGuideError
 from mpguide.cli import main
+from mpguide.traces import casts, ranks, trace, tracegen
 
 RANKS = Path(__file__).parent / "data" / "ranks"
 GPU = {"kernel", "gpu_memcpy", "gpu_memset"}

@@ -6,8 +6,9 @@ import pytest
 import site_recordings
 import torch
 
-from mpguide import MPGuideError, record
-from mpguide.table import Table
+from mpguide import MPGuideError
+from mpguide.core import record
+from mpguide.core.table import Table
 
 CPU = torch.device("cpu")
 

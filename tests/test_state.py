@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mpguide import state
+from mpguide.core import state
 
 
 def _flip_everything():

@@ -3,7 +3,8 @@ import warnings
 import pytest
 import torch
 
-from mpguide import MPGuideError, state, switches
+from mpguide import MPGuideError
+from mpguide.core import state, switches
 
 
 def test_precision_restores_every_switch_it_touched_even_when_the_body_raises():

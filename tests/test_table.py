@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mpguide.table import Table, escape_controls, from_records
+from mpguide.core.table import Table, escape_controls, from_records
 
 T = Table(
     ("op", "dtype", "error"),

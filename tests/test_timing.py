@@ -5,7 +5,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpguide import MPGuideError, timing
+from mpguide import MPGuideError
+from mpguide.core import timing
 
 
 class FakeClock:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpguide import MPGuideError, calltree, trace, tracegen
+from mpguide import MPGuideError
+from mpguide.traces import calltree, trace, tracegen
 
 DATA = Path(__file__).parent / "data"
 BASE = 4_402_438_546_149.513

@@ -1,7 +1,7 @@
 import gzip
 import json
 
-from mpguide import trace, tracegen
+from mpguide.traces import trace, tracegen
 
 
 def test_write_plain_and_gzip(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests of mpguide.training."""
+"""Tests of mpguide.training.loop."""
 
 import json
 import math
@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from mpguide import MPGuideError, device, training
+from mpguide import MPGuideError
+from mpguide.autocast import device
+from mpguide.training import loop
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
@@ -16,7 +18,7 @@ BF16, FP16 = torch.bfloat16, torch.float16
 
 def test_landing_sorts_values_by_where_they_land():
     values = torch.tensor([2.0**-30, 2.0**-20, 1.0, 1e5, 0.0, -(2.0**-20)])
-    plain = training.landing(values, "fp16")
+    plain = loop.landing(values, "fp16")
     assert (plain.values, plain.flushed, plain.subnormal, plain.normal, plain.overflow) == (
         5,
         1,
@@ -25,11 +27,11 @@ def test_landing_sorts_values_by_where_they_land():
         1,
     )
     assert plain.share("subnormal") == 2 / 5
-    scaled = training.landing(values, FP16, 2.0**16)
+    scaled = loop.landing(values, FP16, 2.0**16)
     assert (scaled.flushed, scaled.subnormal, scaled.normal, scaled.overflow) == (0, 0, 3, 2)
-    bf16 = training.landing(values, BF16, 2.0**16)
+    bf16 = loop.landing(values, BF16, 2.0**16)
     assert bf16.normal == bf16.values == 5
-    table = training.landing_table([plain, scaled])
+    table = loop.landing_table([plain, scaled])
     assert table.column("scale") == ["2**0", "2**16"]
     assert table.column("flushed") == ["20.00%", "0.00%"]
     assert "5 values x 1 in float16: 20.00% flushed" in repr(plain)
@@ -46,9 +48,9 @@ def test_landing_sorts_values_by_where_they_land():
 )
 def test_landing_refuses_bad_input(args, message):
     with pytest.raises(MPGuideError, match=message):
-        training.landing(*args)
+        loop.landing(*args)
     with pytest.raises(MPGuideError, match="unknown outcome"):
-        training.landing(torch.ones(2), "bf16").share("lost")
+        loop.landing(torch.ones(2), "bf16").share("lost")
 
 
 def _confident_classifier():
@@ -67,7 +69,7 @@ def _confident_classifier():
 
 def test_gradients_read_parameters_and_activations_and_fp16_flushes_them():
     model, x, y = _confident_classifier()
-    ref = training.gradients(model, x, y)
+    ref = loop.gradients(model, x, y)
     loss = nn.functional.cross_entropy(model(x), y)
     expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
     assert torch.equal(ref.parameters, expected)
@@ -76,32 +78,32 @@ def test_gradients_read_parameters_and_activations_and_fp16_flushes_them():
     assert all(p.grad is None for p in model.parameters())
     assert not model[0]._forward_hooks
 
-    fp16 = training.gradients(model, x, y, "fp16")
+    fp16 = loop.gradients(model, x, y, "fp16")
     assert fp16.activation_dtype == FP16
     params_lost, acts_lost = fp16.flushed(ref)
     assert acts_lost > 0.5 and params_lost > 0
-    scaled = training.gradients(model, x, y, "fp16", 2.0**16)
+    scaled = loop.gradients(model, x, y, "fp16", 2.0**16)
     assert scaled.flushed(ref)[1] == 0.0 and scaled.scale == 2.0**16
-    assert training.gradients(model, x, y, "bf16").flushed(ref)[1] == 0.0
+    assert loop.gradients(model, x, y, "bf16").flushed(ref)[1] == 0.0
     assert repr(scaled).startswith("autocast f16, loss x 65536: 250 parameter gradients")
 
 
 def test_gradients_refuse_bad_input():
     model, x, y = _confident_classifier()
     with pytest.raises(MPGuideError, match="positive finite"):
-        training.gradients(model, x, y, scale=-1.0)
+        loop.gradients(model, x, y, scale=-1.0)
     with pytest.raises(MPGuideError, match="autocast takes"):
-        training.gradients(model, x, y, "float32")
+        loop.gradients(model, x, y, "float32")
     with pytest.raises(MPGuideError, match=r"no nn\.Linear"):
-        training.gradients(nn.Sequential(nn.Identity()), x, y)
-    other = training.gradients(nn.Sequential(nn.Linear(4, 3)), x, y)
+        loop.gradients(nn.Sequential(nn.Identity()), x, y)
+    other = loop.gradients(nn.Sequential(nn.Linear(4, 3)), x, y)
     with pytest.raises(MPGuideError, match="another model"):
-        training.gradients(model, x, y).flushed(other)
+        loop.gradients(model, x, y).flushed(other)
 
 
 def test_scale_schedule_follows_the_rule_and_torch_gradscaler():
     pattern = [True, True, False, False, False, True, False, False, False]
-    scales = training.scale_schedule(pattern, init_scale=8.0, growth_interval=2)
+    scales = loop.scale_schedule(pattern, init_scale=8.0, growth_interval=2)
     assert scales == (8.0, 4.0, 2.0, 2.0, 4.0, 4.0, 2.0, 2.0, 4.0)
     p = nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([p], lr=0.1)
@@ -129,29 +131,29 @@ def test_scale_schedule_follows_the_rule_and_torch_gradscaler():
 )
 def test_scale_schedule_refuses_bad_settings(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        training.scale_schedule([False], **kwargs)
+        loop.scale_schedule([False], **kwargs)
 
 
 def test_stochastic_round_picks_a_neighbour_with_the_right_odds():
     exact = torch.tensor([1.0, -2.5, 0.0, 3.0e38]).to(BF16).float()
-    assert torch.equal(training.stochastic_round(exact).float(), exact)
+    assert torch.equal(loop.stochastic_round(exact).float(), exact)
     special = torch.tensor([math.inf, -math.inf, math.nan])
-    out = training.stochastic_round(special).float()
+    out = loop.stochastic_round(special).float()
     assert out[0] == math.inf and out[1] == -math.inf and out[2].isnan()
 
     gen = torch.Generator().manual_seed(0)
     for sign in (1.0, -1.0):
         x = torch.full((40000,), sign * (1 + 2**-9))  # a quarter of the way to the next bf16
-        r = training.stochastic_round(x, gen)
+        r = loop.stochastic_round(x, gen)
         assert r.dtype == BF16
         assert set(r.float().unique().tolist()) == {sign * 1.0, sign * (1 + 2**-7)}
         up = ((r.float() - sign).abs() > 0).float().mean().item()
         assert abs(up - 0.25) < 4 * math.sqrt(0.25 * 0.75 / x.numel())
         assert abs(r.float().mean().item() - sign * (1 + 2**-9)) < 1e-4
-    same = [training.stochastic_round(x, torch.Generator().manual_seed(3)) for _ in range(2)]
+    same = [loop.stochastic_round(x, torch.Generator().manual_seed(3)) for _ in range(2)]
     assert torch.equal(*same)
     with pytest.raises(MPGuideError, match="needs a float32 tensor"):
-        training.stochastic_round(x.double())
+        loop.stochastic_round(x.double())
 
 
 def test_kahan_add_keeps_what_rounding_dropped():
@@ -159,35 +161,35 @@ def test_kahan_add_keeps_what_rounding_dropped():
     for comp_dtype, tolerance in ((torch.float32, 1e-5), (BF16, 5e-3)):
         w, comp = torch.ones(3, dtype=BF16), torch.zeros(3, dtype=comp_dtype)
         for _ in range(1000):
-            training.kahan_add_(w, comp, torch.full((3,), 1e-4))
+            loop.kahan_add_(w, comp, torch.full((3,), 1e-4))
         # A bf16 compensation rounds too: it keeps most, not all, of what the weight dropped.
         assert ((w.float() + comp.float()) - exact).abs().max() < tolerance
         assert (w.float() - exact).abs().max() <= 2**-7
     with pytest.raises(MPGuideError, match="compensation has shape"):
-        training.kahan_add_(w, torch.zeros(2, dtype=BF16), torch.ones(3))
+        loop.kahan_add_(w, torch.zeros(2, dtype=BF16), torch.ones(3))
 
 
 def test_rounded_add_and_accumulate():
     w = torch.ones(4, dtype=BF16)
-    training.rounded_add_(w, torch.full((4,), 3e-3))
+    loop.rounded_add_(w, torch.full((4,), 3e-3))
     assert torch.equal(w, torch.full((4,), 1 + 3e-3).to(BF16))
     with pytest.raises(MPGuideError, match="unknown rounding"):
-        training.rounded_add_(w, torch.ones(4), "down")
+        loop.rounded_add_(w, torch.ones(4), "down")
     with pytest.raises(MPGuideError, match="needs a compensation"):
-        training.rounded_add_(w, torch.ones(4), "kahan")
+        loop.rounded_add_(w, torch.ones(4), "kahan")
     with pytest.raises(MPGuideError, match="writes bfloat16 weights"):
-        training.rounded_add_(torch.ones(4, dtype=FP16), torch.ones(4), "stochastic")
+        loop.rounded_add_(torch.ones(4, dtype=FP16), torch.ones(4), "stochastic")
 
     start = torch.ones(64, dtype=BF16)
-    nearest = training.accumulate(start, 1e-4, 50)
+    nearest = loop.accumulate(start, 1e-4, 50)
     assert nearest.shape == (51, 64) and nearest.dtype == torch.float32
     assert (nearest == 1.0).all()
-    f32 = training.accumulate(start.float(), 1e-4, 50)
+    f32 = loop.accumulate(start.float(), 1e-4, 50)
     assert abs(f32[-1, 0].item() - 1.005) < 1e-6
-    sr = training.accumulate(start, 1e-4, 50, "stochastic", torch.Generator().manual_seed(0))
+    sr = loop.accumulate(start, 1e-4, 50, "stochastic", torch.Generator().manual_seed(0))
     assert (sr[-1] > 1.0).any() and torch.equal(sr[0], start.float())
     with pytest.raises(MPGuideError, match="steps must be"):
-        training.accumulate(start, 1e-4, 0)
+        loop.accumulate(start, 1e-4, 0)
 
 
 def _two_params(dtype):
@@ -211,7 +213,7 @@ def _step_both(opts, params_sets, steps=5):
 def test_rounded_adamw_is_torch_adamw_on_float32_weights():
     ours, theirs = _two_params(torch.float32), _two_params(torch.float32)
     opts = [
-        training.RoundedAdamW(ours, lr=1e-2, weight_decay=0.1),
+        loop.RoundedAdamW(ours, lr=1e-2, weight_decay=0.1),
         torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, foreach=False),
     ]
     _step_both(opts, [ours, theirs])
@@ -221,12 +223,12 @@ def test_rounded_adamw_is_torch_adamw_on_float32_weights():
             assert torch.equal(opts[0].state[a][key], opts[1].state[b][key])
 
 
-@pytest.mark.parametrize("rounding", training.ROUNDINGS)
+@pytest.mark.parametrize("rounding", loop.ROUNDINGS)
 def test_rounded_adamw_keeps_bf16_weights_and_states(rounding):
     gen = torch.Generator().manual_seed(2)
     ours, ref = _two_params(BF16), _two_params(torch.float32)
     opts = [
-        training.RoundedAdamW(ours, lr=1e-3, rounding=rounding, generator=gen),
+        loop.RoundedAdamW(ours, lr=1e-3, rounding=rounding, generator=gen),
         torch.optim.AdamW(ref, lr=1e-3),
     ]
     _step_both(opts, [ours, ref], steps=3)
@@ -240,15 +242,15 @@ def test_rounded_adamw_keeps_bf16_weights_and_states(rounding):
 
 def test_rounded_adamw_refuses_bad_input():
     with pytest.raises(MPGuideError, match="unknown rounding"):
-        training.RoundedAdamW(_two_params(BF16), rounding="up")
+        loop.RoundedAdamW(_two_params(BF16), rounding="up")
     with pytest.raises(MPGuideError, match="writes bfloat16 weights, not float32"):
-        training.RoundedAdamW(_two_params(torch.float32), rounding="stochastic")
+        loop.RoundedAdamW(_two_params(torch.float32), rounding="stochastic")
     with pytest.raises(MPGuideError, match="no closure"):
-        training.RoundedAdamW(_two_params(BF16)).step(lambda: 0.0)
+        loop.RoundedAdamW(_two_params(BF16)).step(lambda: 0.0)
 
 
 def test_optimizer_states_follow_the_weights_on_cpu_and_simulated_cuda():
-    states = training.optimizer_states(
+    states = loop.optimizer_states(
         ("AdamW", "SGD(momentum=0.9, fused=True)"), ("fp32", "bf16"), ("cpu", "cuda")
     )
     cpu = states.get("AdamW", "bf16", "cpu")
@@ -280,11 +282,11 @@ def test_optimizer_states_follow_the_weights_on_cpu_and_simulated_cuda():
     with pytest.raises(MPGuideError, match="no result for AdamW with float16"):
         states.get("AdamW", "fp16", "cpu")
     with pytest.raises(MPGuideError, match="unknown optimizer 'Lion'"):
-        training.optimizer_states(("Lion",))
+        loop.optimizer_states(("Lion",))
 
 
 def test_char_task_batches_and_model():
-    task = training.char_task(context=4)
+    task = loop.char_task(context=4)
     assert task.source == "torch/optim/optimizer.py" and len(task.vocab) > 40
     x, y = task.batch(16, torch.Generator().manual_seed(0))
     assert x.shape == (16, 4) and y.shape == (16,)
@@ -302,7 +304,7 @@ def test_char_task_batches_and_model():
     assert a(x).shape == (16, len(task.vocab))
     assert repr(task).startswith("next character of torch/optim/optimizer.py")
     with pytest.raises(MPGuideError, match="context must be"):
-        training.char_task(0)
+        loop.char_task(0)
     with pytest.raises(MPGuideError, match="at least one sample"):
         task.batch(0, torch.Generator())
 
@@ -320,27 +322,27 @@ def test_char_task_batches_and_model():
 )
 def test_recipe_refuses_bad_settings(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        training.Recipe("x", **kwargs)
+        loop.Recipe("x", **kwargs)
 
 
 def test_recipe_lookup_and_setup():
-    assert training.recipe("bf16") is training.RECIPES["bf16"]
-    assert training.recipe(training.RECIPES["fp32"]) is training.RECIPES["fp32"]
-    assert training.RECIPES["autocast-fp16"].setup == (
+    assert loop.recipe("bf16") is loop.RECIPES["bf16"]
+    assert loop.recipe(loop.RECIPES["fp32"]) is loop.RECIPES["fp32"]
+    assert loop.RECIPES["autocast-fp16"].setup == (
         "f32 weights, autocast f16, AdamW, GradScaler from 2**16"
     )
     with pytest.raises(MPGuideError, match="unknown recipe 'fp8'"):
-        training.recipe("fp8")
+        loop.recipe("fp8")
 
 
 @pytest.fixture(scope="module")
 def runs():
-    overflowing = training.Recipe(
+    overflowing = loop.Recipe(
         "fp16 from 2**24", autocast=FP16, init_scale=2.0**24, growth_interval=2
     )
-    return training.train(
+    return loop.train(
         ["fp32", "bf16", "bf16-master", "bf16-kahan", overflowing],
-        training.char_task(),
+        loop.char_task(),
         steps=6,
         batch=8,
         eval_every=3,
@@ -354,7 +356,7 @@ def test_train_runs_recipes_in_lockstep(runs):
     assert fp32.evals[0][1] == fp16.evals[0][1]  # same initial weights
     assert abs(bf16.evals[0][1] - fp32.evals[0][1]) < 1e-2
     assert len(fp32.losses) == len(fp32.latency.times) == 6 and fp32.scales == ()
-    assert fp16.scales == training.scale_schedule(fp16.found_inf, 2.0**24, 2)
+    assert fp16.scales == loop.scale_schedule(fp16.found_inf, 2.0**24, 2)
     assert fp16.skipped == tuple(i for i, inf in enumerate(fp16.found_inf) if inf)
     assert fp16.found_inf[0] and fp16.skipped[0] == 0
     assert (
@@ -391,7 +393,7 @@ def test_runs_table_and_lookup(runs):
 )
 def test_train_refuses_bad_input(args, kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        training.train(args, steps=kwargs.pop("steps", 1), **kwargs)
+        loop.train(args, steps=kwargs.pop("steps", 1), **kwargs)
 
 
 # --- Layers with state, recompute, communication dtypes ---
@@ -401,7 +403,7 @@ FP32 = torch.float32
 
 
 def test_norms_follow_each_devices_autocast():
-    norms = training.norms("bf16", devices=("cpu", "cuda"), layers=("BatchNorm1d", "LayerNorm"))
+    norms = loop.norms("bf16", devices=("cpu", "cuda"), layers=("BatchNorm1d", "LayerNorm"))
     bn, ln = norms["BatchNorm1d", "cpu"], norms["LayerNorm", "cpu"]
     assert (bn.computes, bn.out, bn.keeps, bn.casts) == (BF16, BF16, FP32, ())
     assert (ln.computes, ln.out, ln.keeps, ln.casts) == (BF16, BF16, None, ())
@@ -417,7 +419,7 @@ def test_norms_follow_each_devices_autocast():
 
 
 def test_norms_keep_the_warning_of_a_decomposed_rmsnorm():
-    rms = training.norms(FP16, devices=("cpu",), layers=("RMSNorm",))["RMSNorm", "cpu"]
+    rms = loop.norms(FP16, devices=("cpu",), layers=("RMSNorm",))["RMSNorm", "cpu"]
     assert rms.given == FP16 and (rms.computes, rms.out) == (FP32, FP16)
     assert rms.casts == ((FP16, FP32), (FP32, FP16))
     assert "Cannot dispatch to fused implementation" in rms.warning
@@ -435,11 +437,11 @@ def test_norms_keep_the_warning_of_a_decomposed_rmsnorm():
 )
 def test_norms_reject_bad_input(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        training.norms(**kwargs)
+        loop.norms(**kwargs)
 
 
 def test_running_means_stop_short_in_low_precision():
-    means = training.running_means(("float32", "bf16"), steps=60, mean=3.0, dev="cpu")
+    means = loop.running_means(("float32", "bf16"), steps=60, mean=3.0, dev="cpu")
     assert means.buffers == (FP32, BF16)
     assert len(means.trace("float32")) == 60
     assert means.gap(FP32) < 1e-2 < means.gap(BF16)
@@ -452,9 +454,7 @@ def test_running_means_stop_short_in_low_precision():
 
 
 def test_running_means_settled_at_reads_the_trace():
-    means = training.RunningMeans(
-        3.0, 0.1, "cpu", ((FP32, (1.0, 2.0, 2.5)), (BF16, (1.0, 2.0, 2.0)))
-    )
+    means = loop.RunningMeans(3.0, 0.1, "cpu", ((FP32, (1.0, 2.0, 2.5)), (BF16, (1.0, 2.0, 2.0))))
     assert means.settled_at(FP32) is None and means.settled_at(BF16) == 1
     assert means.gap(BF16) == 1.0
     assert means.table().column("stopped moving at step") == ["still moving", 1]
@@ -471,11 +471,11 @@ def test_running_means_settled_at_reads_the_trace():
 )
 def test_running_means_reject_bad_input(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        training.running_means(**kwargs)
+        loop.running_means(**kwargs)
 
 
 def test_embedding_grads_lose_precision_in_a_bf16_table():
-    sums = training.embedding_grads((1, 64, 1024), ("float32", "bfloat16"), dev="cpu")
+    sums = loop.embedding_grads((1, 64, 1024), ("float32", "bfloat16"), dev="cpu")
     assert sums.ways == ("float32 table", "bfloat16 table") and sums.counts == (1, 64, 1024)
     f32, bf16 = sums.errors("float32 table"), sums.errors("bfloat16 table")
     assert f32[0] == bf16[0] == 0
@@ -488,31 +488,31 @@ def test_embedding_grads_lose_precision_in_a_bf16_table():
 @pytest.mark.parametrize("counts", [(), (0, 1), (4, 2), (2, 2)])
 def test_sweeps_reject_counts_that_do_not_increase(counts):
     with pytest.raises(MPGuideError, match="counts must be increasing positive integers"):
-        training.embedding_grads(counts)
+        loop.embedding_grads(counts)
     with pytest.raises(MPGuideError, match="counts must be increasing positive integers"):
-        training.grad_accumulation(counts)
+        loop.grad_accumulation(counts)
 
 
 def test_grad_accumulation_drifts_only_in_a_bf16_grad():
-    sweep = training.grad_accumulation((1, 8, 32), dev="cpu")
-    assert sweep.ways == training.GRAD_ACCUMULATION
-    f32, bf16, kept = (sweep.errors(w) for w in training.GRAD_ACCUMULATION)
+    sweep = loop.grad_accumulation((1, 8, 32), dev="cpu")
+    assert sweep.ways == loop.GRAD_ACCUMULATION
+    f32, bf16, kept = (sweep.errors(w) for w in loop.GRAD_ACCUMULATION)
     assert max(f32) < 2**-20 and max(kept) < 2**-20
     assert bf16[0] == 0 and bf16[2] > 1e-3
-    only = training.grad_accumulation((2,), ways=(training.GRAD_ACCUMULATION[1],), dev="cpu")
-    assert only.ways == (training.GRAD_ACCUMULATION[1],) and len(only.stats[0]) == 1
+    only = loop.grad_accumulation((2,), ways=(loop.GRAD_ACCUMULATION[1],), dev="cpu")
+    assert only.ways == (loop.GRAD_ACCUMULATION[1],) and len(only.stats[0]) == 1
     with pytest.raises(MPGuideError, match="unknown way 'float16 parameter'"):
-        training.grad_accumulation(ways=("float16 parameter",))
+        loop.grad_accumulation(ways=("float16 parameter",))
 
 
 def test_process_group_is_gone_after_the_block():
     import torch.distributed as dist
 
-    with training.process_group():
+    with loop.process_group():
         assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
         with (
             pytest.raises(MPGuideError, match="already has a process group"),
-            training.process_group(),
+            loop.process_group(),
         ):
             pass
         assert dist.is_initialized()
@@ -528,12 +528,12 @@ def test_process_group_is_gone_after_the_block():
     ],
 )
 def test_process_group_rejects_bad_input(kwargs, message):
-    with pytest.raises(MPGuideError, match=message), training.process_group(**kwargs):
+    with pytest.raises(MPGuideError, match=message), loop.process_group(**kwargs):
         pass
 
 
 def test_communication_in_two_processes():
-    comm = training.communication(
+    comm = loop.communication(
         2, ("DDP, fp16_compress_hook", "FSDP2, param bf16, reduce bf16"), scales=(1.0, 1e-7)
     )
     assert comm.world_size == 2 and comm.scales == (1.0, 1e-7)
@@ -563,14 +563,14 @@ def test_communication_in_two_processes():
 )
 def test_communication_rejects_bad_input(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        training.communication(**kwargs)
+        loop.communication(**kwargs)
 
 
 def test_a_failing_rank_is_reported_in_one_line():
     with pytest.raises(RuntimeError, match=r"rank 0 failed: KeyError: 'no such setup'"):
-        training._run_ranks(1, json.dumps([["no such setup", 1.0]]), timeout=120)
+        loop._run_ranks(1, json.dumps([["no such setup", 1.0]]), timeout=120)
 
 
 def test_ranks_past_the_timeout_are_killed():
     with pytest.raises(RuntimeError, match=r"the ranks did not finish in 0\.01 s"):
-        training._run_ranks(1, json.dumps([["DDP", 1.0]]), timeout=0.01)
+        loop._run_ranks(1, json.dumps([["DDP", 1.0]]), timeout=0.01)

@@ -11,11 +11,12 @@ outside autocast and returns bf16 inside it; what LayerNorm does depends on the 
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import device, dtypes
+from mpguide.autocast import device
+from mpguide.core import dtypes
 
 dev = device.pick()
 device.describe(dev)
@@ -72,11 +73,11 @@ else:
 # %%
 # The same calls under CUDA autocast
 # ----------------------------------
-# The LayerNorm's answer depends on the device, so here are both. :func:`mpguide.policy.observe`
+# The LayerNorm's answer depends on the device, so here are both. :func:`mpguide.autocast.policy.observe`
 # runs a call under bf16 autocast on a device; CUDA is the GPU when this machine has one, else
 # simulated from this build's dispatch rules (fake tensors, no kernel runs).
-from mpguide import policy
-from mpguide.table import Table
+from mpguide.autocast import policy
+from mpguide.core.table import Table
 
 
 def matmul(d):

@@ -4,7 +4,7 @@ The autocast policy, probed op by op on every device
 
 Which ops does autocast run in low precision, which in float32, and which does it leave
 alone, and does the answer depend on the device? Instead of copying a list,
-:func:`mpguide.policy.probe` runs every op of a catalogue under autocast with float32 inputs,
+:func:`mpguide.autocast.policy.probe` runs every op of a catalogue under autocast with float32 inputs,
 with low-precision inputs and with mixed inputs, records the casts autocast inserts, and
 classifies the op from what happened. It does so on this build's own device, and on every other
 device type whose autocast kernels this torch build carries by simulating it: fake tensors on
@@ -21,8 +21,8 @@ import textwrap
 
 import torch
 
-from mpguide import device, policy
-from mpguide.table import Table
+from mpguide.autocast import device, policy
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)
@@ -30,7 +30,7 @@ device.describe(dev)
 # %%
 # The devices this build knows
 # ----------------------------
-# :func:`mpguide.device.autocast_kernels` reads the dispatcher of the installed torch: how many
+# :func:`mpguide.autocast.device.autocast_kernels` reads the dispatcher of the installed torch: how many
 # ATen ops have an autocast kernel for each device type. A device type can be simulated when a
 # fake tensor on it carries that autocast dispatch key; a device this machine has runs for real.
 kernels = device.autocast_kernels()
@@ -84,7 +84,7 @@ print(textwrap.fill("cpu, float32: " + ", ".join(cpu.ops(policy.FLOAT32)), 76))
 # ------------------------------
 # The CPU is the one device that can be both run and simulated here, so we simulate it too and
 # compare run by run. They agree everywhere except where an op's meta kernel accepts inputs its
-# real CPU kernel rejects; :func:`mpguide.policy.meta_gaps` finds those runs. A simulated device
+# real CPU kernel rejects; :func:`mpguide.autocast.policy.meta_gaps` finds those runs. A simulated device
 # marks them ``needs hardware`` instead of guessing: the whole op when a uniform run is
 # affected, only the mixed-input cell when the mixed run is.
 simulated_cpu = policy.probe("cpu", torch.bfloat16, simulate=True)
@@ -218,7 +218,7 @@ else:
     print(f"no GPU here: the CUDA column is {cuda.how}")
 
 # %%
-from mpguide import record
+from mpguide.core import record
 
 record.beside(
     "autocast.policy.bfloat16",

@@ -16,8 +16,9 @@ the CPU's adds neither, and ``dtype=`` opts an op out of autocast on CUDA but no
 import torch
 import torch.nn.functional as F
 
-from mpguide import device, dtypes, policy
-from mpguide.table import Table
+from mpguide.autocast import device, policy
+from mpguide.core import dtypes
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)
@@ -28,7 +29,7 @@ print(f"cpu: {cpu.how}; cuda: {cuda.how}")
 # bf16 activations through common ops
 # -----------------------------------
 # Each call makes a bf16 activation on the device it is given (and, for the norms, float32
-# weight and bias, as a model's would be). :func:`mpguide.policy.observe` runs it under bf16
+# weight and bias, as a model's would be). :func:`mpguide.autocast.policy.observe` runs it under bf16
 # autocast on one device and keeps the output dtype, every op that reached the dispatcher, and
 # the casts autocast added.
 

@@ -18,8 +18,9 @@ import functools
 import torch
 from torch.utils._pytree import tree_leaves
 
-from mpguide import device, dtypes, policy
-from mpguide.table import Table
+from mpguide.autocast import device, policy
+from mpguide.core import dtypes
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)

@@ -6,19 +6,21 @@ Under :func:`torch.autocast` a float32 weight is cast to bf16 for the matmul. It
 then comes back in bf16, and autograd casts it to float32 before it reaches ``weight.grad``:
 a cast nobody wrote. We take one training step of a ``Linear`` and of a small MLP under
 autocast on this build's device, find that cast in the autograd graph, in the backward graph
-AOTAutograd traces, and in the ops :class:`mpguide.autograd.DtypeLog` records in eager mode,
+AOTAutograd traces, and in the ops :class:`mpguide.training.autograd.DtypeLog` records in eager mode,
 and count the bytes it reads and writes, per parameter and in total.
 """
 
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU. Autocast uses bf16 on either.
 import torch
 import torch.nn.functional as F
 
-from mpguide import autograd, device, graphs
+from mpguide.autocast import device
+from mpguide.compiled import graphs
+from mpguide.training import autograd
 
 dev = device.pick()
 device.describe(dev)
@@ -28,9 +30,9 @@ gen = torch.Generator(device=dev).manual_seed(0)
 # %%
 # One step of a Linear, logged
 # ----------------------------
-# :class:`~mpguide.autograd.DtypeLog` records every ATen op that runs while it is active. It
+# :class:`~mpguide.training.autograd.DtypeLog` records every ATen op that runs while it is active. It
 # is given the model so that it can name the parameter a backward op produces the gradient
-# of; :meth:`~mpguide.autograd.DtypeLog.phase` labels the optimizer's ops.
+# of; :meth:`~mpguide.training.autograd.DtypeLog.phase` labels the optimizer's ops.
 lin = torch.nn.Linear(64, 32, device=dev)
 opt = torch.optim.SGD(lin.parameters(), lr=0.1)
 x = torch.randn(16, 64, device=dev, generator=gen)
@@ -73,7 +75,7 @@ _ = plots.log_strips(log, title=f"one SGD step of Linear(64, 32) under bf16 auto
 # %%
 # The autograd graph
 # ------------------
-# :func:`~mpguide.autograd.grad_graph` walks ``grad_fn`` from the loss. Each node shows the
+# :func:`~mpguide.training.autograd.grad_graph` walks ``grad_fn`` from the loss. Each node shows the
 # dtype it recorded for the gradient it receives: the matmul's node records bf16, the
 # ``ToCopyBackward0`` above each ``AccumulateGrad`` records bf16 too, and the ``AccumulateGrad``
 # leaf records the parameter's float32. Autograd casts the gradient to what each node recorded.
@@ -91,7 +93,7 @@ tree
 # %%
 # The backward graph AOTAutograd traces
 # -------------------------------------
-# :func:`mpguide.graphs.capture` compiles the step with the ``aot_eager`` backend and keeps the
+# :func:`mpguide.compiled.graphs.capture` compiles the step with the ``aot_eager`` backend and keeps the
 # forward and backward graphs AOTAutograd produced. In the backward graph the weight gradient
 # comes out of a bf16 ``mm`` and is converted to float32 by an explicit ``_to_copy`` before
 # it is returned.

@@ -6,18 +6,20 @@ There are several ways to get a bf16 ``nn.Linear``: build it in bf16, call ``.to
 assign ``param.data``, or call ``.to`` with one of the two ``torch.__future__`` conversion
 flags set. Do they keep the parameter object? What dtype does the gradient get, what dtype did
 autograd record for it, and does any cast appear in backward? We cast a ``Linear`` each way on
-this build's device, run backward under :class:`mpguide.autograd.DtypeLog`, and read the
+this build's device, run backward under :class:`mpguide.training.autograd.DtypeLog`, and read the
 answers off. Then we cast after the forward has run, which is where the ways part company.
 """
 
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU.
 import torch
 
-from mpguide import autograd, casting, device, state
+from mpguide.autocast import device
+from mpguide.core import state
+from mpguide.training import autograd, casting
 
 dev = device.pick()
 device.describe(dev)
@@ -41,7 +43,7 @@ assert held is lin.weight
 # %%
 # With ``torch.__future__.set_overwrite_module_params_on_conversion(True)``, ``.to`` makes a
 # new ``Parameter`` instead, and an optimizer built before the cast is left holding the old
-# float32 one. The flag is global, so it is set inside :func:`mpguide.state.preserved`, which
+# float32 one. The flag is global, so it is set inside :func:`mpguide.core.state.preserved`, which
 # puts it back on exit.
 lin = torch.nn.Linear(8, 8, device=dev)
 weight = lin.weight
@@ -58,11 +60,11 @@ assert not torch.__future__.get_overwrite_module_params_on_conversion()
 # %%
 # Five ways, forward after the cast
 # ---------------------------------
-# :func:`mpguide.casting.conversions` casts a fresh ``Linear(8, 8)`` each way, runs a bf16
+# :func:`mpguide.training.casting.conversions` casts a fresh ``Linear(8, 8)`` each way, runs a bf16
 # forward and backward, and reports. "dtype" is the weight's; "recorded" is the dtype
 # autograd stored for the gradient of the weight's ``AccumulateGrad`` node; "old
 # weight.grad" is the gradient of the object the module held before the cast; "backward"
-# counts the dtype conversions :class:`~mpguide.autograd.DtypeLog` saw while backward ran.
+# counts the dtype conversions :class:`~mpguide.training.autograd.DtypeLog` saw while backward ran.
 after = casting.conversions(torch.bfloat16, dev)
 for row in after.records():
     assert row["dtype"] == row["recorded"] == torch.bfloat16, row
@@ -126,7 +128,7 @@ stale
 # recorded, lands on the old parameter, or backward raises (red). ``Linear(..., dtype=dtype)``
 # has no "after" (n/a): it is built in bf16.
 from mpguide import plots
-from mpguide.table import Table
+from mpguide.core.table import Table
 
 
 def grad_or_error(row):

@@ -4,7 +4,7 @@ Backward inside or outside autocast
 
 Which dtype do the backward matmuls use, and does it matter whether ``backward()`` is called
 inside the :func:`torch.autocast` region? We run backward both ways under
-:class:`mpguide.autograd.DtypeLog` for a small MLP, for an op autocast runs in float32, for
+:class:`mpguide.training.autograd.DtypeLog` for a small MLP, for an op autocast runs in float32, for
 custom autograd functions with and without :func:`torch.amp.custom_fwd` /
 :func:`torch.amp.custom_bwd`, and for compiled code under each setting of
 ``torch._functorch.config.backward_pass_autocast``. For ordinary layers nothing changes; for
@@ -15,14 +15,14 @@ compiled code follows its own rule.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU. Autocast uses bf16 on either.
 import torch
 import torch.nn.functional as F
 
-from mpguide import device
-from mpguide.autograd import DtypeLog
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core.table import Table
+from mpguide.training.autograd import DtypeLog
 
 dev = device.pick()
 device.describe(dev)

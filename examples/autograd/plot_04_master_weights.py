@@ -13,12 +13,13 @@ going.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU.
 import torch
 
-from mpguide import autograd, device, master_weights
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core.table import Table
+from mpguide.training import autograd, master_weights
 
 dev = device.pick()
 device.describe(dev)
@@ -69,7 +70,7 @@ assert torch.equal(param.detach(), before)
 # %%
 # Training with and without master weights
 # ----------------------------------------
-# :func:`mpguide.master_weights.train` fits ``y = X w*`` (256 samples, 16 weights that start
+# :func:`mpguide.training.master_weights.train` fits ``y = X w*`` (256 samples, 16 weights that start
 # at 1) by SGD for 300 steps, three ways: float32 weights; bf16 weights updated in place; bf16
 # weights used in forward and backward while each update goes to a float32 master copy that
 # is cast back into them. It records the loss and the share of updates the held weights
@@ -120,7 +121,7 @@ _ = plots.training_curves(
 # The cost of the master copy
 # ---------------------------
 # Besides 4 bytes per parameter for the copy, every step casts the updated copy into the bf16
-# weights. :class:`~mpguide.autograd.DtypeLog` sees that ``copy_`` as a cast.
+# weights. :class:`~mpguide.training.autograd.DtypeLog` sees that ``copy_`` as a cast.
 weight = torch.ones(16, 1, device=dev, dtype=BF16)
 master_copy = weight.float()
 update = torch.full_like(master_copy, -1e-3)

@@ -22,8 +22,9 @@ import warnings
 
 import torch
 
-from mpguide import device, dtypes
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core import dtypes
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)
@@ -215,7 +216,7 @@ print("after a cast between forward and backward, a bf16 parameter holds a float
 # folder) runs on the CPU in every build. Two blocks of two ``Linear`` layers are sharded
 # with ``fully_shard`` and ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32,
 # output_dtype=...)``. A forward pre-hook records the weight each ``Linear`` sees, a
-# :class:`mpguide.dtypes.Log` (a dispatch mode) logs every op with its dtypes, ``out=``
+# :class:`mpguide.core.dtypes.Log` (a dispatch mode) logs every op with its dtypes, ``out=``
 # tensors last among the inputs, and the parameters and gradients are read after backward.
 import os
 import tempfile

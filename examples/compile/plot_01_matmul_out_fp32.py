@@ -15,11 +15,12 @@ the bf16 ``bmm``.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import backends, device, graphs
+from mpguide.autocast import device
+from mpguide.compiled import backends, graphs
 
 dev = device.pick()
 device.describe(dev)
@@ -61,7 +62,7 @@ assert eager_error is not None and "Expected out tensor to have dtype" in eager_
 # %%
 # The graphs each backend receives
 # --------------------------------
-# :func:`mpguide.graphs.capture` compiles the function with a backend and keeps the graphs
+# :func:`mpguide.compiled.graphs.capture` compiles the function with a backend and keeps the graphs
 # AOTAutograd produced for it: the plain ATen graph for ``aot_eager``, the graph after inductor's
 # decompositions for inductor, which is what inductor lowers to kernels. Side by side, each node
 # shows its dtype, shape and op.
@@ -108,10 +109,10 @@ if dev.type == "cpu":
 # %%
 # The same graphs for CUDA
 # ------------------------
-# :func:`mpguide.device.target` gives CUDA as this build has it: the GPU when there is one, else
-# simulated. Tensors made inside :func:`mpguide.device.tensors` are then fake (shapes, dtypes and
-# a device, no values), and :func:`mpguide.graphs.capture` traces them through Dynamo and
-# AOTAutograd as on that device, running no kernel; :func:`mpguide.graphs.inputs` makes them from
+# :func:`mpguide.autocast.device.target` gives CUDA as this build has it: the GPU when there is one, else
+# simulated. Tensors made inside :func:`mpguide.autocast.device.tensors` are then fake (shapes, dtypes and
+# a device, no values), and :func:`mpguide.compiled.graphs.capture` traces them through Dynamo and
+# AOTAutograd as on that device, running no kernel; :func:`mpguide.compiled.graphs.inputs` makes them from
 # the graphs' own notation. Each column says how it was obtained.
 cuda = device.target("cuda")
 SPECS = ["bf16[32, 7, 1, 8]", "bf16[32, 7, 8, 1]", "bf16[32, 7, 1, 1]"]
@@ -148,7 +149,7 @@ assert ("aten.sum.dim_IntList", "f32[224, 1]") in cpu_ind.nodes()
 # %%
 # Where the dtype changes
 # -----------------------
-# :func:`mpguide.graphs.dtype_flow` lists the nodes whose output dtype differs from an input,
+# :func:`mpguide.compiled.graphs.dtype_flow` lists the nodes whose output dtype differs from an input,
 # with the line of our code each came from.
 aot.flow()
 
@@ -158,7 +159,7 @@ ind.flow()
 # %%
 # Against the float64 reference
 # -----------------------------
-# :func:`mpguide.backends.compare` runs the function under each backend (eager, which
+# :func:`mpguide.compiled.backends.compare` runs the function under each backend (eager, which
 # raises and gets its error in its row, ``aot_eager``, inductor, and inductor with
 # ``emulate_precision_casts``) and measures each output against :func:`exact`.
 table = backends.compare(matmul_into_fp32, (x, y, bias), reference=exact)
@@ -201,7 +202,7 @@ _ = plots.comparison_bars(
 # The graphs above say what CUDA's inductor computes, not how accurately: that needs a GPU.
 # Recordings made on GPU machines with ``nox -s record`` show the table there, labelled with their
 # provenance.
-from mpguide import record
+from mpguide.core import record
 
 record.beside(
     "compile.matmul_into_fp32",

@@ -12,11 +12,12 @@ brings it closer to float64 than eager; ``emulate_precision_casts`` puts the rou
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import backends, compile_logs, device, graphs
+from mpguide.autocast import device
+from mpguide.compiled import backends, compile_logs, graphs
 
 dev = device.pick()
 device.describe(dev)
@@ -78,7 +79,7 @@ assert [n.meta["val"].dtype for n in converts] == [torch.bfloat16, torch.float32
 
 # %%
 # In the fused kernel inductor generated, the value is converted to bf16 into a temporary that
-# nothing reads: the multiply uses the float32 input. :func:`mpguide.compile_logs.unused_conversions`
+# nothing reads: the multiply uses the float32 input. :func:`mpguide.compiled.compile_logs.unused_conversions`
 # finds such lines. We print the kernel's lines that compute values (``tmp`` variables).
 import re
 
@@ -112,7 +113,7 @@ if dev.type == "cpu":
 # ------------------
 # Is the rounding already gone from the graph inductor lowers for CUDA? We capture it from a GPU
 # when this build has one, else simulated from this build's dispatch rules with fake tensors
-# (see :func:`mpguide.device.target`); a simulated capture generates no kernel, and its label
+# (see :func:`mpguide.autocast.device.target`); a simulated capture generates no kernel, and its label
 # says so.
 cuda = device.target("cuda")
 with device.tensors(cuda):

@@ -14,11 +14,12 @@ float32.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import backends, device, graphs
+from mpguide.autocast import device
+from mpguide.compiled import backends, graphs
 
 dev = device.pick()
 device.describe(dev)
@@ -42,7 +43,7 @@ autocast = torch.autocast(dev.type, dtype=torch.bfloat16)
 # %%
 # Eager under autocast
 # --------------------
-# :func:`mpguide.graphs.eager_flow` records the dtype changes at the dispatcher, where
+# :func:`mpguide.compiled.graphs.eager_flow` records the dtype changes at the dispatcher, where
 # autocast's casts arrive as ``_to_copy`` calls, then runs the backward pass once (with ones as
 # the output gradient, leaving ``.grad`` alone).
 with autocast:
@@ -52,7 +53,7 @@ eager
 # %%
 # The same call compiled
 # ----------------------
-# :func:`mpguide.graphs.capture` called inside the same autocast context.
+# :func:`mpguide.compiled.graphs.capture` called inside the same autocast context.
 with autocast:
     aot = graphs.capture(block, x, backend="aot_eager")
 aot
@@ -133,8 +134,8 @@ if dev.type == "cpu":
 # -----------------------
 # CUDA's autocast has another policy, and inductor decomposes for its device. We capture the
 # block's graphs for CUDA from a GPU when this build has one, else simulated from this build's
-# dispatch rules: a fake layer and input (see :func:`mpguide.device.tensors`) under CUDA's
-# autocast (:func:`mpguide.device.autocast`), no kernel run. The captions say which; a simulated
+# dispatch rules: a fake layer and input (see :func:`mpguide.autocast.device.tensors`) under CUDA's
+# autocast (:func:`mpguide.autocast.device.autocast`), no kernel run. The captions say which; a simulated
 # CUDA has no backward graph where this build cannot run autograd on CUDA, and says so.
 import copy
 

@@ -4,7 +4,7 @@ Which graph should I look at?
 
 ``torch.compile`` turns a function into several graphs before any kernel runs, and each can be
 printed. Which one shows the dtypes that will really be computed? We log every stage for one small
-function with ``TORCH_LOGS`` and get the same graphs from :mod:`mpguide.graphs`. Dynamo's graph
+function with ``TORCH_LOGS`` and get the same graphs from :mod:`mpguide.compiled.graphs`. Dynamo's graph
 shows your code as traced; AOTAutograd's forward and backward graphs show the ATen ops after
 autocast and functionalization, and, under inductor, after its decompositions; the post-grad graph
 and the generated code show what inductor made of them.
@@ -13,11 +13,12 @@ and the generated code show what inductor made of them.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import compile_logs, device, graphs
+from mpguide.autocast import device
+from mpguide.compiled import compile_logs, graphs
 
 dev = device.pick()
 device.describe(dev)
@@ -28,7 +29,7 @@ device.describe(dev)
 # - Dynamo's traced graph, ``TORCH_LOGS=graph_code``: your Python calls as traced; the place to
 #   look for graph breaks.
 # - AOTAutograd's forward and backward graphs, ``TORCH_LOGS=aot_graphs``: ATen ops after
-#   autocast and functionalization; :func:`mpguide.graphs.capture` with ``backend="aot_eager"``.
+#   autocast and functionalization; :func:`mpguide.compiled.graphs.capture` with ``backend="aot_eager"``.
 # - The same after inductor's decompositions, the graphs inductor lowers: ``aot_graphs`` with the
 #   inductor backend; ``capture`` with ``backend="inductor"``.
 # - After inductor's post-grad passes, ``TORCH_LOGS=post_grad_graphs``.
@@ -36,7 +37,7 @@ device.describe(dev)
 #   and ``.kernels()``.
 #
 # We run one script with all four switches in a fresh Python, as you would run your own
-# training script, and split what it logs by artifact with :func:`mpguide.compile_logs.torch_logs`.
+# training script, and split what it logs by artifact with :func:`mpguide.compiled.compile_logs.torch_logs`.
 # A compile served from torch.compile's caches skips stages, and their logs with them, so the
 # script runs with the caches turned off (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``): do the same
 # when a log you asked for stays empty.
@@ -85,7 +86,7 @@ print(section(logs["aot_graphs"], "Backward graph"))
 assert "prims.convert_element_type" in logs["aot_graphs"]
 
 # %%
-# :func:`mpguide.graphs.capture` gives the same graphs as objects, here for inductor, in this
+# :func:`mpguide.compiled.graphs.capture` gives the same graphs as objects, here for inductor, in this
 # process.
 
 
@@ -143,7 +144,7 @@ assert kernel in logs["output_code"]
 # The same graphs for a device this machine lacks
 # -----------------------------------------------
 # The stages up to AOTAutograd's graphs need no kernel: given fake tensors, made inside
-# :func:`mpguide.device.tensors` for a simulated device, :func:`mpguide.graphs.capture` traces
+# :func:`mpguide.autocast.device.tensors` for a simulated device, :func:`mpguide.compiled.graphs.capture` traces
 # them with Dynamo and AOTAutograd as on that device. For inductor it applies inductor's
 # decompositions and partitioner but not the joint-graph pattern passes, which need the device
 # to set up, and generates no code. On the CPU we can check the simulation against the real
@@ -198,7 +199,7 @@ _ = plots.graph_strips(live_cpu, on_cuda, which=("forward", "backward"),
 # -----------
 # - ``graph_code`` shows your Python calls; the dtypes you should reason about start at
 #   ``aot_graphs``, where autocast's casts and inductor's decompositions are in the graph.
-# - :func:`mpguide.graphs.capture` returns the same forward and backward graphs as the
+# - :func:`mpguide.compiled.graphs.capture` returns the same forward and backward graphs as the
 #   ``aot_graphs`` log, node for node, with their dtypes.
 # - The generated code in ``output_code`` is what runs; ``capture(...).kernels()`` gives it too.
 # - Fake tensors give the ``aot_graphs`` stage for a device the machine lacks; on the CPU the

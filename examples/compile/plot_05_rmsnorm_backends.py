@@ -22,8 +22,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from mpguide import backends, device, graphs
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.compiled import backends, graphs
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)
@@ -47,7 +48,7 @@ def handwritten(x, w):
 # %%
 # Every backend against eager and float64
 # ---------------------------------------
-# :func:`mpguide.backends.compare` runs each function under every backend and measures
+# :func:`mpguide.compiled.backends.compare` runs each function under every backend and measures
 # it against the float64 result on the same bf16 inputs; we add how many of the 262,144 output
 # elements differ from eager's bits.
 

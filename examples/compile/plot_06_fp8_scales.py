@@ -16,8 +16,9 @@ scale back; a float32 ``amax`` makes every backend agree.
 # -----
 import torch
 
-from mpguide import backends, device, graphs
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.compiled import backends, graphs
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)
@@ -87,10 +88,11 @@ assert same["eager"].item() == in_float32.item()
 
 # %%
 # Both recipes as bars: each backend's scale against the exact ``fp8_max / amax``, by
-# :func:`mpguide.numerics.errors` (for one value, ``|scale - exact| / exact``), on a log scale.
+# :func:`mpguide.precision.numerics.errors` (for one value, ``|scale - exact| / exact``), on a log scale.
 # With a bf16 ``amax`` the roundings of eager, ``aot_eager`` and emulation stand out; with a
 # float32 ``amax`` every backend has the float32 rounding of the same division.
-from mpguide import numerics, plots
+from mpguide import plots
+from mpguide.precision import numerics
 
 reference = torch.tensor(exact, dtype=torch.float64)
 _ = plots.backend_bars(

@@ -4,7 +4,7 @@ Serving a trained model in fp32, bf16, fp16 or under autocast
 
 You have a trained classifier: can you serve it in bf16, in fp16, or with float32 weights under
 autocast, and what do you lose? We train a small transformer classifier here, run the same
-inputs through each way of serving it with :func:`mpguide.inference.compare`, and measure the
+inputs through each way of serving it with :func:`mpguide.models.inference.compare`, and measure the
 error of the logits against fp32, how often the predicted class changes, parameter and peak
 memory, and latency. The fastest variant that keeps the predictions is then compiled, and a
 short decision guide is derived from the measured table.
@@ -13,14 +13,14 @@ short decision guide is derived from the measured table.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU. On a shared machine (such as the one that built this page) latencies are disturbed
 # by other jobs: the table flags noisy ones, and no latency relation is stated unless the
 # gap between two medians exceeds both spreads.
 import torch
 from torch import nn
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -80,13 +80,13 @@ assert all(p.dtype == torch.float32 for p in model.parameters())
 # %%
 # Five ways to serve it
 # ---------------------
-# :func:`mpguide.inference.standard` lists fp32; the model cast to bf16 and to fp16 (weights
+# :func:`mpguide.models.inference.standard` lists fp32; the model cast to bf16 and to fp16 (weights
 # and activations in that dtype); and float32 weights under :func:`torch.autocast` with bf16
 # (plus fp16 on CUDA). Each runs under :func:`torch.inference_mode` on the same 64 test inputs.
 # Errors are the absolute difference of the logits from fp32's; "same class %" is the share of
 # inputs whose predicted class matches fp32's; latencies are medians of interleaved rounds
 # after warm-up, with the interquartile range.
-from mpguide import inference
+from mpguide.models import inference
 
 variants = inference.standard(dev)
 [v.name for v in variants]
@@ -155,8 +155,8 @@ assert len(fig.axes[0].containers) == len(first.results) + 1
 # A decision guide from these tables
 # ----------------------------------
 # The sentences below are generated from the measured first table by
-# :func:`mpguide.inference.choices` (among the variants that keep 99% of fp32's predicted
-# classes: the closest, the smallest, the fastest) and by :func:`mpguide.inference.guide`
+# :func:`mpguide.models.inference.choices` (among the variants that keep 99% of fp32's predicted
+# classes: the closest, the smallest, the fastest) and by :func:`mpguide.models.inference.guide`
 # (each variant against fp32 of the same run). "Faster", "slower" and "ahead" are said only
 # when the gap between two medians exceeds both interquartile ranges.
 import textwrap
@@ -200,9 +200,9 @@ show(list(lines.values()))
 # -----------------
 # The tables above were measured on the device this page was built on. Recordings made on
 # GPU machines with ``nox -s record`` compare the same ways of serving a 4-layer, width-1024
-# transformer encoder (``mpguide.record``), labelled with where, when and by which command
+# transformer encoder (``mpguide.core.record``), labelled with where, when and by which command
 # they were measured.
-from mpguide import record
+from mpguide.core import record
 
 record.beside("inference.variants")
 

@@ -14,7 +14,7 @@ overflow, and scaling before the matmul keeps fp16 finite.
 # -----
 import torch
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -41,7 +41,7 @@ assert scores32.abs().max().item() > fp16_max
 # The same scores in fp16 and bf16
 # --------------------------------
 # The inputs fit in fp16 (their largest value is far below the limit); the products overflow.
-from mpguide.table import Table
+from mpguide.core.table import Table
 
 rows = []
 for dt in (torch.float16, torch.bfloat16):

@@ -4,8 +4,8 @@ Autocast keeps the weights in fp32 and casts them on every call
 
 Serving fp32 weights under :func:`torch.autocast` runs the matmuls in bf16, but does it save
 memory? We compare parameter and peak memory with a model cast to bf16, then profile the
-forward passes with :func:`mpguide.profiling.profile_fn` and list the casts with
-:func:`mpguide.casts.report` (the chapter 2 tools). Autocast leaves the weights in fp32,
+forward passes with :func:`mpguide.traces.profiling.profile_fn` and list the casts with
+:func:`mpguide.traces.casts.report` (the chapter 2 tools). Autocast leaves the weights in fp32,
 allocates bf16 copies of them during each forward pass, and casts them again on every call.
 """
 
@@ -15,7 +15,7 @@ allocates bf16 copies of them during each forward pass, and casts them again on 
 import torch
 from torch import nn
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -32,10 +32,11 @@ print(f"an MLP with {n_tensors} parameter tensors, called on a batch of {x.shape
 # %%
 # Memory: parameters and the peak of a forward pass
 # -------------------------------------------------
-# :func:`mpguide.timing.peak_memory` measures what a call allocates above what was allocated
+# :func:`mpguide.core.timing.peak_memory` measures what a call allocates above what was allocated
 # before it: the caching allocator's peak on CUDA, the profiler's allocation events on the CPU.
-from mpguide import inference, timing
-from mpguide.table import Table
+from mpguide.core import timing
+from mpguide.core.table import Table
+from mpguide.models import inference
 
 
 def autocast_forward():
@@ -78,7 +79,7 @@ print(f"autocast peak / cast-model peak: "
 # --------------------------------------------------
 # A server usually enters autocast per request. We profile three such calls and list every
 # float32 -> bf16 cast in the call tree, with the op that caused it.
-from mpguide import casts, profiling
+from mpguide.traces import casts, profiling
 
 CALLS = 3
 calls_tree = profiling.profile_fn(autocast_forward, wait=1, warmup=1, active=CALLS).tree()

@@ -15,7 +15,7 @@ what happens.
 import torch
 from torch import nn
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -31,7 +31,7 @@ x = torch.randn(8, 16, 64, device=dev)
 # Both skip recording the autograd graph. ``inference_mode`` also marks its outputs as
 # inference tensors: they cannot be updated in place outside the mode, and autograd cannot
 # save them for a backward pass.
-from mpguide.table import Table
+from mpguide.core.table import Table
 
 with torch.inference_mode():
     y_inference = encoder(x)
@@ -69,7 +69,7 @@ assert ng_row["in-place add afterwards"] == ng_row["used in backward afterwards"
 # %%
 # Their latency on this model, measured in interleaved rounds; a relation is printed only
 # when the gap between the medians exceeds both interquartile ranges.
-from mpguide import timing
+from mpguide.core import timing
 
 
 def run_inference_mode():

@@ -5,7 +5,7 @@ A transformers model, module by module
 In a real model under bf16 autocast, which module runs in which dtype, where does autocast
 insert casts, and where is precision lost? We build a small Qwen2 language model from its
 configuration with Hugging Face ``transformers`` (random weights, nothing downloaded) and run
-:func:`mpguide.modules.report` on it: hooks on every module and a dispatch-mode log count each
+:func:`mpguide.models.per_module.report` on it: hooks on every module and a dispatch-mode log count each
 op and cast in the innermost module running it, forward and backward, and a float64 copy of
 the model on the same tokens gives each module's error. The projections run in bf16 with
 their float32 weights cast on every call, Qwen2's RMSNorm keeps float32 by itself, and the
@@ -16,11 +16,11 @@ differently inside attention.
 # %%
 # Setup
 # -----
-# The report runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# The report runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU. Its float64 reference runs on the same device.
 import torch
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -56,9 +56,9 @@ print(f"transformers {transformers.__version__}, {type(model).__name__}: "
 # module whose forward op made its autograd node. The error columns compare the first input
 # and the output with the float64 run: ``max |error| / mean |ref|``. The same report on your
 # model: ``python -m mpguide model mymodel.py:make --backward`` (see :doc:`/docs/cli`).
-from mpguide import modules
+from mpguide.models import per_module
 
-report = modules.report(model, inputs, autocast="bfloat16", device=dev, backward=True)
+report = per_module.report(model, inputs, autocast="bfloat16", device=dev, backward=True)
 report
 
 # %%
@@ -105,7 +105,7 @@ print(f"logits: max |error| / mean |ref| = {logits:.3g}, "
 # -----------------------------------
 # The same model under fp16 autocast: fp16 keeps three more significand bits than bf16, and
 # nothing in this model comes near its range, so every module's error is smaller.
-fp16 = modules.report(model, inputs, autocast="float16", device=dev)
+fp16 = per_module.report(model, inputs, autocast="float16", device=dev)
 assert fp16.first_nonfinite is None
 assert fp16[""].error.max_rel < report[""].error.max_rel
 smaller = sum(
@@ -128,9 +128,9 @@ fig = plots.module_errors(
 # this build's dispatch rules where the machine lacks it: dtypes and casts, no errors) beside
 # this one, for the module calls that differ.
 other_type = "cuda" if dev.type == "cpu" else "cpu"
-other = modules.report(model, inputs, autocast="bfloat16", device=other_type)
+other = per_module.report(model, inputs, autocast="bfloat16", device=other_type)
 assert [c.key for c in other.calls] == [c.key for c in report.calls]
-differ = modules.differences(report, other)
+differ = per_module.differences(report, other)
 attention = [r for r in differ.rows if r[0].endswith("self_attn")]
 assert attention
 differ

@@ -3,7 +3,7 @@ Finding an fp16 overflow
 ========================
 
 A model that trains in bf16 returns NaN under fp16 autocast: which layer overflows? We give
-:func:`mpguide.modules.report` a small transformer whose attention scores are large (its query
+:func:`mpguide.models.per_module.report` a small transformer whose attention scores are large (its query
 and key projections are scaled up, as attention logits can grow in training) and computed
 without the ``1/sqrt(d)`` scale. Under fp16 autocast the report names the attention module of
 the first block as the first to return NaN while its inputs and its projections are finite:
@@ -16,7 +16,7 @@ scores coarsely, and scaling before the product keeps fp16 finite.
 # -----
 import torch
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -75,9 +75,9 @@ x = torch.randn(2, 64, WIDTH, device=dev)
 # The first rows, in call order; the findings under the table name where the first
 # non-finite value appeared: the first module call to finish with an infinity or NaN where the
 # float64 reference has none, from a finite input.
-from mpguide import modules
+from mpguide.models import per_module
 
-fp16 = modules.report(make(scaled=False), x, autocast="float16", device=dev)
+fp16 = per_module.report(make(scaled=False), x, autocast="float16", device=dev)
 fp16.table(limit=10)
 
 # %%
@@ -115,8 +115,8 @@ assert over > 0
 # of several hundred, enough to change which keys the softmax picks. Scaling the queries by
 # ``1/sqrt(d)`` before the product, as :func:`torch.nn.functional.scaled_dot_product_attention`
 # does, keeps the fp16 scores in range.
-bf16 = modules.report(make(scaled=False), x, autocast="bfloat16", device=dev)
-scaled = modules.report(make(scaled=True), x, autocast="float16", device=dev)
+bf16 = per_module.report(make(scaled=False), x, autocast="bfloat16", device=dev)
+scaled = per_module.report(make(scaled=True), x, autocast="float16", device=dev)
 assert bf16.first_nonfinite is None and all(c.nonfinite == 0 for c in bf16.calls)
 assert scaled.first_nonfinite is None and all(c.nonfinite == 0 for c in scaled.calls)
 ulp = 2.0 ** (math.floor(math.log2(scores.abs().max().item())) - 7)

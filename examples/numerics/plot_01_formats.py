@@ -14,8 +14,9 @@ underflow and get lost in long sums.
 # -----
 import torch
 
-from mpguide import device, formats, numerics
-from mpguide.table import from_records
+from mpguide.autocast import device
+from mpguide.core.table import from_records
+from mpguide.precision import formats, numerics
 
 dev = device.pick()
 device.describe(dev)
@@ -53,7 +54,7 @@ print(f"{len(formats.formats())} formats, {len(drawn)} bits drawn")
 # -------------------------------
 # For each torch dtype we cast on this device: ``1 + eps`` must survive and ``1 + eps/2``
 # (a tie) must round to 1; the smallest subnormal must survive and half of it must vanish;
-# ``max`` must survive. TF32 has no dtype: :func:`mpguide.formats.round_mantissa` rounds fp32
+# ``max`` must survive. TF32 has no dtype: :func:`mpguide.precision.formats.round_mantissa` rounds fp32
 # values to 10 mantissa bits, and the same checks run on it. float64 is left out: Python's
 # own floats are float64, so its halfway values cannot even be written down.
 
@@ -165,7 +166,7 @@ from_records(rows, caption="small fp32 values cast to fp16 and bf16")
 # --------------------------
 # Ten thousand copies of ``1e-4`` sum to about 1. :func:`torch.sum` on a low-precision tensor
 # accumulates in fp32 internally and gets close; adding one value at a time and rounding every
-# partial sum to the format (:func:`mpguide.numerics.accumulate`) stalls once the spacing of
+# partial sum to the format (:func:`mpguide.precision.numerics.accumulate`) stalls once the spacing of
 # the format near the running sum is more than twice ``1e-4``.
 n = 10_000
 x = torch.full((1, n), 1e-4, device=dev)

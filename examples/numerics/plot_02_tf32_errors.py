@@ -15,7 +15,9 @@ switch that changes nothing on this hardware is marked as such.
 # -----
 import torch
 
-from mpguide import device, numerics, switches
+from mpguide.autocast import device
+from mpguide.core import switches
+from mpguide.precision import numerics
 
 dev = device.pick()
 device.describe(dev)
@@ -142,7 +144,7 @@ if dev.type == "cpu":
 # %%
 # The same check as a probe
 # -------------------------
-# :func:`mpguide.switches.effect` runs a matmul and a convolution in plain IEEE fp32 and with
+# :func:`mpguide.core.switches.effect` runs a matmul and a convolution in plain IEEE fp32 and with
 # a setting, and compares the results bit for bit, so a reader learns whether TF32 really ran.
 tf32_switch = switches.effect({"fp32_precision": "tf32"}, dev)
 if dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 0):
@@ -175,7 +177,7 @@ else:
 # On a CPU the low-precision rows are emulated. The hardware rows, with their times and
 # TFLOP/s at the full 10240 x 51200 size, come from a recording made on a GPU machine with
 # ``nox -s record``, labelled with its provenance (a GPU build shows its live table too).
-from mpguide import record
+from mpguide.core import record
 
 record.beside(
     "numerics.matmul_errors",

@@ -16,7 +16,9 @@ a CPU build.
 # -----
 import numpy as np
 
-from mpguide import device, numerics, plots
+from mpguide import plots
+from mpguide.autocast import device
+from mpguide.precision import numerics
 
 dev = device.pick()
 device.describe(dev)
@@ -27,7 +29,7 @@ device.describe(dev)
 # A ``32 x K`` by ``K x 32`` matmul for ``K`` from 16 to 16384; the inputs of a shorter ``K``
 # are the first columns of the longest one's. Rows accumulated in ``fp32`` round only the
 # inputs; rows accumulated in ``bfloat16`` or ``float16`` also round every partial sum, adding
-# one product at a time (:func:`mpguide.numerics.accumulate`).
+# one product at a time (:func:`mpguide.precision.numerics.accumulate`).
 ks = [4**i for i in range(2, 8)]
 sweep = numerics.k_sweep(ks, dev=dev)
 sweep
@@ -75,10 +77,10 @@ for (fmt, acc), (abs_slope, rel_slope) in slopes.items():
 # Which curve does a real bf16 matmul follow? We multiply bf16 inputs with ``torch.matmul`` on
 # this device and compare with two emulations on the same bf16 values: products summed in
 # float32 and rounded once to bf16 at the end, and products summed one ``k`` at a time in bf16
-# (:func:`mpguide.numerics.accumulate`). The float32 emulation is also compared bit for bit.
+# (:func:`mpguide.precision.numerics.accumulate`). The float32 emulation is also compared bit for bit.
 import torch
 
-from mpguide.table import Table
+from mpguide.core.table import Table
 
 gen = torch.Generator(device=dev).manual_seed(1)
 a_full = torch.randn(32, max(ks), generator=gen, device=dev).to(torch.bfloat16)

@@ -6,7 +6,7 @@ Which fp32 precision does the installed torch use by default for matmuls, cuDNN
 convolutions and the CPU (oneDNN) backend? How do ``set_float32_matmul_precision`` and the
 ``allow_tf32`` flags map onto the newer ``torch.backends.fp32_precision`` tree, and what
 happens when code mixes the two APIs? We read every switch, apply each call on its own
-(restoring everything afterwards with :func:`mpguide.switches.precision`), record what it
+(restoring everything afterwards with :func:`mpguide.core.switches.precision`), record what it
 wrote, and check on this build's device whether a setting changes any result at all.
 """
 
@@ -17,8 +17,10 @@ import textwrap
 
 import torch
 
-from mpguide import MPGuideError, device, state, switches
-from mpguide.table import Table
+from mpguide import MPGuideError
+from mpguide.autocast import device
+from mpguide.core import state, switches
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)
@@ -162,7 +164,7 @@ print(refusal)
 # %%
 # Does a switch change anything here?
 # -----------------------------------
-# :func:`mpguide.switches.effect` runs a matmul and a convolution in IEEE fp32 and with the
+# :func:`mpguide.core.switches.effect` runs a matmul and a convolution in IEEE fp32 and with the
 # setting, and compares bit for bit. On hardware without TF32 or bf16 units the switches are
 # accepted and change nothing.
 settings = [

@@ -18,8 +18,8 @@ rounds at every step, and a bf16 ``sum`` accumulates in float32.
 import torch
 import torch.nn.functional as F
 
-from mpguide import device
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core.table import Table
 
 dev = device.pick()
 device.describe(dev)

@@ -4,19 +4,19 @@ The hidden casts of an autocast matmul
 
 Under :func:`torch.autocast`, a matmul of a bf16 activation with an fp32 weight runs in bf16,
 so something converts the weight, and nobody wrote that line. We profile one such matmul
-with :func:`mpguide.profiling.profile_fn`, print the call tree with the dtypes the profiler
-recorded, and let :func:`mpguide.casts.report` find the conversion: an ``aten::to`` of the
+with :func:`mpguide.traces.profiling.profile_fn`, print the call tree with the dtypes the profiler
+recorded, and let :func:`mpguide.traces.casts.report` find the conversion: an ``aten::to`` of the
 fp32 operand, made inside ``aten::matmul`` before the bf16 matmul runs.
 """
 
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -26,7 +26,7 @@ device.describe(dev)
 # ---------------------------
 # ``profile_fn`` calls the step once to wait, once to warm up, and records the third call
 # with shapes and dtypes, then reads the exported chrome trace back.
-from mpguide.profiling import profile_fn
+from mpguide.traces.profiling import profile_fn
 
 gen = torch.Generator(device=dev).manual_seed(0)
 x = torch.randn(64, 256, device=dev, generator=gen).to(torch.bfloat16)
@@ -65,7 +65,8 @@ assert copy.field("Input Dims")[0] == [256, 512]
 # The same call as an icicle chart: each op is a rectangle under the op that called it, in
 # call order, as wide as the ops without children below it; the cast, and the ops it ran,
 # are orange.
-from mpguide import casts, plots
+from mpguide import plots
+from mpguide.traces import casts
 
 report = casts.report(tree)
 fig = plots.icicle(matmul, report, scale="ops", title=f"one autocast matmul on {dev.type}")
@@ -82,7 +83,7 @@ if dev.type == "cuda":
 # %%
 # The cast report
 # ---------------
-# :func:`mpguide.casts.report`, which coloured the chart above, finds every conversion whose
+# :func:`mpguide.traces.casts.report`, which coloured the chart above, finds every conversion whose
 # source and target dtypes differ, and names the op that caused it: the nearest ancestor that
 # is not itself a cast.
 report.table()

@@ -13,11 +13,11 @@ CPU. The casts are asserted to be present; their cost is measured, not assumed.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -27,8 +27,8 @@ device.describe(dev)
 # ------------------------
 # A float32 LayerNorm applied to a bf16 activation, inside autocast, profiled over five
 # steps so that one slow step does not decide the figures.
-from mpguide import casts
-from mpguide.profiling import profile_fn
+from mpguide.traces import casts
+from mpguide.traces.profiling import profile_fn
 
 gen = torch.Generator(device=dev).manual_seed(0)
 x = torch.randn(512, 1024, device=dev, generator=gen).to(torch.bfloat16)

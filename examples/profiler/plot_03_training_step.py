@@ -12,11 +12,11 @@ in the backward pass, on every step.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -67,8 +67,8 @@ def train_step():
 # %%
 # Profile one step and report its casts
 # -------------------------------------
-from mpguide import casts
-from mpguide.profiling import profile_fn
+from mpguide.traces import casts
+from mpguide.traces.profiling import profile_fn
 
 tree = profile_fn(train_step).tree()
 report = casts.report(tree)
@@ -130,9 +130,9 @@ print(f"{len(report)} casts took {cast_us:.0f} us of a {step_us:.0f} us step: {s
 # ----------------------------
 # On a GPU the casts are kernels whose time the profiler measures on the device. Recordings
 # made on GPU machines with ``nox -s record`` profile one autocast training step of a
-# 4-layer, width-1024 transformer encoder (``mpguide.record``) and show its casts by cause,
+# 4-layer, width-1024 transformer encoder (``mpguide.core.record``) and show its casts by cause,
 # labelled with where, when and by which command they were measured.
-from mpguide import record
+from mpguide.core import record
 
 record.beside("profiler.training_step_casts")
 

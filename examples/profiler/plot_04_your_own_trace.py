@@ -4,7 +4,7 @@ Reading your own trace
 
 How do you find the casts in your own model? Profile a few steps of it, write the chrome
 trace, and read it with ``python -m mpguide tree`` and ``python -m mpguide casts``, or with
-:mod:`mpguide.trace` in Python. We do it here for a small model and show each command with
+:mod:`mpguide.traces.trace` in Python. We do it here for a small model and show each command with
 the output it gave on this build's machine. Traces written by :func:`torch.profiler.profile`
 directly work the same way, from CPU, CUDA or ROCm machines, as ``.json`` or ``.json.gz``.
 """
@@ -12,11 +12,11 @@ directly work the same way, from CPU, CUDA or ROCm machines, as ``.json`` or ``.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -24,13 +24,13 @@ device.describe(dev)
 # %%
 # Profile your model with mpguide
 # -------------------------------
-# Give :func:`mpguide.profiling.profile_fn` a callable that runs one step, and a path: it
+# Give :func:`mpguide.traces.profiling.profile_fn` a callable that runs one step, and a path: it
 # waits one step, warms up one, records the next, and writes the trace there (gzipped for a
 # ``.gz`` name).
 import tempfile
 from pathlib import Path
 
-from mpguide.profiling import profile_fn
+from mpguide.traces.profiling import profile_fn
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(
@@ -55,8 +55,9 @@ print(f"wrote {path.name}: {path.stat().st_size / 1024:.1f} KiB, {len(recorded.e
 # The recorded step read back from the file: each op a rectangle under its caller, in call
 # order, the forward pass first and the backward pass after it; the width of an op is the
 # number of ops without children below it, so the shape does not depend on this machine's
-# timings. The casts found by :func:`mpguide.casts.report` are orange, with the ops they ran.
-from mpguide import casts, plots, trace
+# timings. The casts found by :func:`mpguide.traces.casts.report` are orange, with the ops they ran.
+from mpguide import plots
+from mpguide.traces import casts, trace
 
 mine = trace.load(path).tree()
 mine_casts = casts.report(mine)

@@ -15,7 +15,7 @@ the report lists apart with their kernel time.
 # -----
 # The traces were recorded on other machines; this machine only reads them, so what follows
 # is the same on a CPU and on a GPU.
-from mpguide import device
+from mpguide.autocast import device
 
 dev = device.pick()
 device.describe(dev)
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import msgspec
 
-from mpguide.table import Table
+from mpguide.core.table import Table
 
 
 class _Header(msgspec.Struct):
@@ -72,7 +72,7 @@ Table(
 # The trace was recorded with ``with_stack=True`` and ``with_modules=True``, so the cast
 # report names, for each cast, the innermost ``nn.Module`` and the Python function with its
 # line (the line the profiler records: where that function starts).
-from mpguide import casts, trace
+from mpguide.traces import casts, trace
 
 
 def read(name: str):

@@ -15,14 +15,15 @@ that gap, at different memory costs.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU. Why a bf16 weight loses an update smaller than half its spacing is shown on
 # :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`, with SGD; this page
 # starts from there.
 import torch
 
-from mpguide import device, training
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core.table import Table
+from mpguide.training import loop
 
 dev = device.pick()
 device.describe(dev)
@@ -78,10 +79,10 @@ assert bf16_last == bf16_first
 # The dtypes the built-in optimizers keep
 # ---------------------------------------
 # Each optimizer is built over one parameter of each dtype and takes one step
-# (:func:`mpguide.training.optimizer_states`); on a machine without CUDA, the CUDA columns are
+# (:func:`mpguide.training.loop.optimizer_states`); on a machine without CUDA, the CUDA columns are
 # simulated on fake tensors, and a step the simulation cannot run is marked
 # ``needs hardware``.
-states = training.optimizer_states()
+states = loop.optimizer_states()
 states
 
 # %%
@@ -113,20 +114,20 @@ assert states.get("Adafactor", "bf16", "cpu").dtype("row_var") == BF16
 # Three remedies on one weight
 # ----------------------------
 # Add ``1e-4`` a thousand times to 4096 bf16 weights that start at 1.0
-# (:func:`mpguide.training.accumulate`). Each update is under half of bf16's spacing above 1.0,
+# (:func:`mpguide.training.loop.accumulate`). Each update is under half of bf16's spacing above 1.0,
 # ``2**-7``, so rounding to nearest loses every one. Stochastic rounding
-# (:func:`mpguide.training.stochastic_round`) rounds up with probability ``update / spacing``,
+# (:func:`mpguide.training.loop.stochastic_round`) rounds up with probability ``update / spacing``,
 # so the weights move in whole spacings and their mean follows float32. Kahan summation
-# (:func:`mpguide.training.kahan_add_`) keeps what rounding dropped in a second bf16 tensor
+# (:func:`mpguide.training.loop.kahan_add_`) keeps what rounding dropped in a second bf16 tensor
 # and adds it to the next update, so the weight moves one spacing once enough has built up.
 UPDATE, STEPS = 1e-4, 1000
 start = torch.ones(4096, device=dev, dtype=BF16)
 gen = torch.Generator(device=dev).manual_seed(0)
 histories = {
-    "float32": training.accumulate(start.float(), UPDATE, STEPS),
-    "bf16, round to nearest": training.accumulate(start, UPDATE, STEPS, "nearest"),
-    "bf16, stochastic rounding": training.accumulate(start, UPDATE, STEPS, "stochastic", gen),
-    "bf16, Kahan summation": training.accumulate(start, UPDATE, STEPS, "kahan"),
+    "float32": loop.accumulate(start.float(), UPDATE, STEPS),
+    "bf16, round to nearest": loop.accumulate(start, UPDATE, STEPS, "nearest"),
+    "bf16, stochastic rounding": loop.accumulate(start, UPDATE, STEPS, "stochastic", gen),
+    "bf16, Kahan summation": loop.accumulate(start, UPDATE, STEPS, "kahan"),
 }
 _ = plots.accumulation(histories, title=f"{STEPS} updates of {UPDATE:g} to 4096 weights at 1.0, "
                                         f"{device.LIVE} ({dev.type})")
@@ -148,7 +149,7 @@ assert (final["bf16, Kahan summation"] - exact).abs().max().item() <= spacing / 
 # %%
 # A real training loop
 # --------------------
-# :func:`mpguide.training.train` trains the small next-character model of the loss-scaling
+# :func:`mpguide.training.loop.train` trains the small next-character model of the loss-scaling
 # page for 200 steps with AdamW (learning rate ``3e-3`` on a cosine to zero, weight decay
 # ``0.01``), six ways, all from the same initial weights on the same batches:
 #
@@ -156,14 +157,14 @@ assert (final["bf16, Kahan summation"] - exact).abs().max().item() <= spacing / 
 # - pure bf16: the model cast to bf16 and ``torch.optim.AdamW`` on it;
 # - bf16 weights with an fp32 master copy that ``torch.optim.AdamW`` steps, cast into the
 #   weights after each step;
-# - :class:`mpguide.training.RoundedAdamW`: torch's AdamW arithmetic in float32 on copies of
+# - :class:`mpguide.training.loop.RoundedAdamW`: torch's AdamW arithmetic in float32 on copies of
 #   the bf16 weights and moments, written back to bf16 by rounding to nearest, by stochastic
 #   rounding, or with Kahan compensation (the moments are rounded to nearest in all three).
 #
 # Per step it records the shares of weights and of ``exp_avg_sq`` entries with a nonzero
 # gradient that the step left as they were (for the master copy, the float32 copy; for Kahan,
 # weight plus compensation); every 10 steps, the loss of the weights on held-out text.
-runs = training.train(
+runs = loop.train(
     ["fp32", "bf16", "bf16-master", "bf16-nearest", "bf16-stochastic", "bf16-kahan"],
     steps=200, lr=LR, dev=dev,
 )

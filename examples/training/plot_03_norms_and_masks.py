@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import device, dtypes, training
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core import dtypes
+from mpguide.core.table import Table
+from mpguide.training import loop
 
 dev = device.pick()
 device.describe(dev)
@@ -33,15 +35,15 @@ bf16, fp16 = torch.bfloat16, torch.float16
 # %%
 # What a norm takes, returns and keeps
 # ------------------------------------
-# :func:`mpguide.training.norms` builds each layer with float32 parameters (as a model under
+# :func:`mpguide.training.loop.norms` builds each layer with float32 parameters (as a model under
 # autocast has them), hands it the bf16 activations a matmul under autocast returns, and calls
-# it under bf16 autocast, with :class:`mpguide.dtypes.Log` recording every op. "Statistics op
+# it under bf16 autocast, with :class:`mpguide.core.dtypes.Log` recording every op. "Statistics op
 # takes" is the dtype of the input of the op that computes the mean and variance (the fused
 # kernel, or the mean of squares where RMSNorm decomposes; a fused kernel may accumulate in
 # float32 inside, which no log sees); "running statistics" is what a BatchNorm stores
 # between steps. CUDA runs live on a GPU machine, else on fake tensors under CUDA's
 # autocast.
-norms = training.norms(bf16, devices=("cpu", "cuda"))
+norms = loop.norms(bf16, devices=("cpu", "cuda"))
 norms
 
 # %%
@@ -77,7 +79,7 @@ places = {"cpu": device.LIVE, "cuda": cuda_how}
 columns = [f"{what}, {device.label(d, how)}" for d, how in places.items()
            for what in ("takes", "returns", "keeps")]
 rows = []
-for layer in training.NORMS:
+for layer in loop.NORMS:
     cells = []
     for d in places:
         run = norms[layer, d]
@@ -101,9 +103,9 @@ print(f"nn.BatchNorm1d(4).to(bf16).running_mean: "
 # Each training step moves the running mean a tenth of the way to the batch mean
 # (``momentum=0.1``). In bf16 that step is rounded to the buffer's spacing, and once the tenth
 # of the remaining distance is below half a spacing, the running mean stops moving.
-# :func:`mpguide.training.running_means` trains a ``BatchNorm1d`` in each buffer dtype on
+# :func:`mpguide.training.loop.running_means` trains a ``BatchNorm1d`` in each buffer dtype on
 # batches whose every channel has mean 3.
-means = training.running_means(("float32", "bfloat16", "float16"), steps=100, mean=3.0,
+means = loop.running_means(("float32", "bfloat16", "float16"), steps=100, mean=3.0,
                                dev=dev)
 means
 
@@ -179,7 +181,7 @@ assert fp16_overflow["NaN in a later eval output"] == 1.0
 # ----------
 # An embedding looks its rows up; autocast has no rule for it on either device, so a float32
 # table returns float32 rows and the first matmul after it does the cast.
-from mpguide import policy
+from mpguide.autocast import policy
 
 
 def embed(d):
@@ -196,9 +198,9 @@ for where, run in looked_up.items():
 # %%
 # Its backward sums the gradients of every position that used a row into that row. For a token
 # used ``n`` times in a batch, that is a sum of ``n`` terms, done in the table's dtype.
-# :func:`mpguide.training.embedding_grads` compares the summed row with the float64 sum of the
+# :func:`mpguide.training.loop.embedding_grads` compares the summed row with the float64 sum of the
 # same incoming gradients.
-sums = training.embedding_grads((1, 4, 16, 64, 256, 1024, 4096), ("float32", "bfloat16"), dev=dev)
+sums = loop.embedding_grads((1, 4, 16, 64, 256, 1024, 4096), ("float32", "bfloat16"), dev=dev)
 sums
 
 # %%

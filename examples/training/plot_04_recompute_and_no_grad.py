@@ -6,7 +6,7 @@ Parts of a training step run outside the forward pass that autocast wrapped: a c
 recomputes its forward during backward, an evaluation runs under ``no_grad`` inside the
 training autocast region, a custom autograd function runs its own backward, and ``.grad``
 sums gradients across micro-batches. In which dtype does each run? We log every op with
-:class:`mpguide.autograd.DtypeLog` while checkpointed blocks (reentrant and not) run forward
+:class:`mpguide.training.autograd.DtypeLog` while checkpointed blocks (reentrant and not) run forward
 and backward, count autocast's casts per call under each grad mode, run a custom function with
 and without ``torch.amp.custom_fwd``/``custom_bwd``, and compare gradients accumulated in each
 dtype with their float64 sum. The answer: the recomputed forward runs in the autocast dtype
@@ -26,8 +26,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mpguide import autograd, device, dtypes, training
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core import dtypes
+from mpguide.core.table import Table
+from mpguide.training import autograd, loop
 
 dev = device.pick()
 device.describe(dev)
@@ -163,7 +165,7 @@ assert "Starting in PyTorch 2.9" in unspecified[0]
 # that require grad (the parameters) and reuses them, until the region exits. A training loop
 # may evaluate inside its autocast region, under ``no_grad`` or ``inference_mode``, and then
 # train. We call the model twice in one region, each call under a grad mode, and count the
-# casts each call made with :class:`mpguide.dtypes.Log`; then run backward from the second
+# casts each call made with :class:`mpguide.core.dtypes.Log`; then run backward from the second
 # call when it tracked gradients.
 from contextlib import nullcontext
 
@@ -318,19 +320,19 @@ assert caught[0].category is FutureWarning
 # Gradient accumulation
 # ---------------------
 # Accumulating micro-batches calls backward once per micro-batch and lets autograd add each
-# gradient into ``.grad``, in ``.grad``'s dtype. :func:`mpguide.training.grad_accumulation`
+# gradient into ``.grad``, in ``.grad``'s dtype. :func:`mpguide.training.loop.grad_accumulation`
 # compares ``.grad`` after each count of micro-batches with the float64 sum of the gradients
 # the micro-batches delivered, for a float32 weight under autocast (its gradient arrives in
 # bf16 and is cast to float32), a bf16 weight, and a bf16 weight whose ``grad_dtype`` is
 # float32 (an attribute of tensors in this torch).
-accumulated = training.grad_accumulation((1, 2, 4, 8, 16, 32, 64), dev=dev)
+accumulated = loop.grad_accumulation((1, 2, 4, 8, 16, 32, 64), dev=dev)
 accumulated
 
 # %%
 # Sums of bf16 gradients are exact in float32 here (their 8 significant bits leave float32
 # room for many of them), so the float32 ways show no error at all; the bf16 ``.grad`` rounds
 # after each addition and drifts away from the sum.
-f32_way, bf16_way, kept_way = training.GRAD_ACCUMULATION
+f32_way, bf16_way, kept_way = loop.GRAD_ACCUMULATION
 assert max(accumulated.errors(f32_way)) < 2**-20
 assert max(accumulated.errors(kept_way)) < 2**-20
 bf16_errors = accumulated.errors(bf16_way)

@@ -23,8 +23,9 @@ exact), keeps float32 gradient shards, and returns the output in ``output_dtype`
 import torch
 from torch import nn
 
-from mpguide import autograd, device, training
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core.table import Table
+from mpguide.training import autograd, loop
 
 device.describe("cpu")
 bf16, fp16 = torch.bfloat16, torch.float16
@@ -32,15 +33,15 @@ bf16, fp16 = torch.bfloat16, torch.float16
 # %%
 # A comm hook in a world of one process
 # -------------------------------------
-# :func:`mpguide.training.process_group` starts a gloo group in this process, meeting in a
+# :func:`mpguide.training.loop.process_group` starts a gloo group in this process, meeting in a
 # file store in a temporary folder (so there is no port to pick), and destroys it after the
 # block. DDP wraps a ``Linear``; we register the built-in compression hooks and log one
-# backward pass with :class:`mpguide.autograd.DtypeLog`.
+# backward pass with :class:`mpguide.training.autograd.DtypeLog`.
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-with training.process_group():
+with loop.process_group():
     try:
         DistributedDataParallel(nn.Linear(4, 4)).register_comm_hook(
             dist.group.WORLD, default_hooks.bf16_compress_hook
@@ -80,18 +81,18 @@ print(f"bf16_compress_hook on this build ({'no' if no_gpu_build else 'a'} GPU bu
 # %%
 # One step in two processes
 # -------------------------
-# :func:`mpguide.training.communication` starts two worker processes (plain Python processes
+# :func:`mpguide.training.loop.communication` starts two worker processes (plain Python processes
 # that import :mod:`mpguide`, so nothing from this page needs pickling), which meet in a file
-# store and run one training step per setup of :data:`mpguide.training.COMM_SETUPS`, with the
+# store and run one training step per setup of :data:`mpguide.training.loop.COMM_SETUPS`, with the
 # loss as it is and multiplied by ``1e-7`` (small gradients, as without loss scaling late in
 # training). Where DDP refuses the bf16 hook, the workers register it under another name,
 # which the check does not know: gloo then runs it, and the note says so.
-comm = training.communication(world_size=2, scales=(1.0, 1e-7))
+comm = loop.communication(world_size=2, scales=(1.0, 1e-7))
 comm
 
 # %%
 n_params = comm.parameters
-ddp_runs = {setup: comm.get(setup) for setup in training.COMM_SETUPS if setup.startswith("DDP")}
+ddp_runs = {setup: comm.get(setup) for setup in loop.COMM_SETUPS if setup.startswith("DDP")}
 for setup, run in ddp_runs.items():
     assert [c.op for c in run.collectives] == ["c10d.allreduce_"], setup
     assert run.grad_dtype == torch.float32 and run.out_dtype == torch.float32, setup
@@ -134,7 +135,7 @@ for setup in ddp_runs:
 # parameters are float32 in every setup, and the output is bf16 unless ``output_dtype`` says
 # otherwise. Against the mean of the ranks' own bf16 gradients, a float32 reduction is exact;
 # a bf16 one rounds the sum.
-fsdp = {setup: comm.get(setup) for setup in training.COMM_SETUPS if setup.startswith("FSDP2")}
+fsdp = {setup: comm.get(setup) for setup in loop.COMM_SETUPS if setup.startswith("FSDP2")}
 plain_fsdp = fsdp["FSDP2"]
 assert plain_fsdp.comm_dtypes == (torch.float32,)
 for setup, run in fsdp.items():

@@ -14,12 +14,13 @@ memory of the float32 setups and trails them; the timings are this machine's.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
 # the CPU.
 import torch
 
-from mpguide import device, training
-from mpguide.table import Table
+from mpguide.autocast import device
+from mpguide.core.table import Table
+from mpguide.training import loop
 
 dev = device.pick()
 device.describe(dev)
@@ -27,22 +28,22 @@ device.describe(dev)
 # %%
 # The five recipes
 # ----------------
-# Each is a :class:`mpguide.training.Recipe`: the dtype the weights are held in, the autocast
+# Each is a :class:`mpguide.training.loop.Recipe`: the dtype the weights are held in, the autocast
 # dtype, how the optimizer updates the weights, and a GradScaler where fp16 needs one.
-# Stochastic rounding uses :class:`mpguide.training.RoundedAdamW`, torch's AdamW arithmetic in
+# Stochastic rounding uses :class:`mpguide.training.loop.RoundedAdamW`, torch's AdamW arithmetic in
 # float32 written back to bf16 weights stochastically (see the optimizer precision page).
 KEYS = ("fp32", "autocast-bf16", "autocast-fp16", "bf16", "bf16-stochastic")
 Table(("recipe", "short name", "setup"),
-      tuple((training.RECIPES[k].name, k, training.RECIPES[k].setup) for k in KEYS))
+      tuple((loop.RECIPES[k].name, k, loop.RECIPES[k].setup) for k in KEYS))
 
 # %%
 # The training loop
 # -----------------
-# This is what :func:`mpguide.training.train` runs for each recipe at every step, written out
+# This is what :func:`mpguide.training.loop.train` runs for each recipe at every step, written out
 # for one recipe (fp16 autocast with a GradScaler) and one step:
 import torch.nn.functional as F
 
-task = training.char_task()
+task = loop.char_task()
 model = task.model(seed=0).to(dev)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 scaler = torch.amp.GradScaler(dev.type)
@@ -67,7 +68,7 @@ assert logits.dtype == torch.float16 and loss.dtype == torch.float32
 # backward and optimizer step; the recipes step in turn on the same batch, so a background
 # load on this shared machine hits them alike. Every 10 steps the weights are evaluated in
 # float32 on held-out text.
-runs = training.train(KEYS, task, steps=200, dev=dev)
+runs = loop.train(KEYS, task, steps=200, dev=dev)
 runs
 
 # %%
@@ -86,7 +87,7 @@ for k in ("autocast-bf16", "autocast-fp16", "bf16-stochastic"):
     assert abs(gap[k]) < gap["bf16"] / 4, k
 fp16 = runs["autocast-fp16"]
 assert fp16.skipped == tuple(i for i, inf in enumerate(fp16.found_inf) if inf)
-assert fp16.scales == training.scale_schedule(fp16.found_inf, 2.0**16)
+assert fp16.scales == loop.scale_schedule(fp16.found_inf, 2.0**16)
 print(f"{fp16.name}: {len(fp16.skipped)} steps skipped, scale "
       f"{fp16.scales[0]:g} -> {fp16.scales[-1]:g}")
 

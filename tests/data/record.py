@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from mpguide.profiling import profile_fn
+from mpguide.traces.profiling import profile_fn
 
 HERE = Path(__file__).parent
 

@@ -4,7 +4,7 @@ A :class:`Variant` says how the model is served: the dtype its weights are cast 
 autocast dtype (if any) and whether it is compiled. :func:`compare` runs the same inputs
 through every variant under :func:`torch.inference_mode` and measures, against the float32
 model: the error of the logits, the share of predicted classes that agree, parameter memory,
-the peak memory of a forward pass and the latency (see :mod:`mpguide.timing`).
+the peak memory of a forward pass and the latency (see :mod:`mpguide.core.timing`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from mpguide import MPGuideError, timing
-from mpguide import device as _device
-from mpguide.table import Table
+from mpguide import MPGuideError
+from mpguide.autocast import device as _device
+from mpguide.core import timing
+from mpguide.core.table import Table
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ def compare(
 def guide(comparison: Comparison, min_agreement: float = 0.99) -> list[str]:
     """Decision-guide sentences comparing every variant with the first (the baseline), each
     stating only relations that hold in ``comparison``; latency counts as faster or slower
-    only when the gap exceeds both spreads (:meth:`mpguide.timing.Latency.clearly_below`)."""
+    only when the gap exceeds both spreads (:meth:`mpguide.core.timing.Latency.clearly_below`)."""
     base = comparison.results[0]
     out = []
     for r in comparison.results[1:]:

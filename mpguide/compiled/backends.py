@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import MPGuideError, dtypes, error_line
-from mpguide import device as _device
-from mpguide.numerics import ErrorStats, errors
-from mpguide.table import Table
+from mpguide import MPGuideError, error_line
+from mpguide.autocast import device as _device
+from mpguide.core import dtypes
+from mpguide.core.table import Table
+from mpguide.precision.numerics import ErrorStats, errors
 
 EAGER, AOT_EAGER, INDUCTOR = "eager", "aot_eager", "inductor"
 EMULATE = "inductor+emulate_precision_casts"
@@ -81,7 +82,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any], backend: str) -> Any:
 class Outcome:
     """One backend's output, measured against the reference, or the error it raised: the
     largest absolute error and that over the mean absolute reference value, as in
-    :class:`mpguide.numerics.ErrorStats`."""
+    :class:`mpguide.precision.numerics.ErrorStats`."""
 
     backend: str
     dtype: str
@@ -93,7 +94,7 @@ class Outcome:
 
 
 def _errors(out: Any, ref: Any) -> ErrorStats:
-    """:func:`mpguide.numerics.errors` over all floating outputs, flattened into one."""
+    """:func:`mpguide.precision.numerics.errors` over all floating outputs, flattened into one."""
     got, want = _floats(out), _floats(ref)
     if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want, strict=False)):
         raise MPGuideError("the output and the reference differ in number or shape of tensors")

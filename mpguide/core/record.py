@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from mpguide import MPGuideError
-from mpguide import device as _device
-from mpguide.table import Table, _plain
+from mpguide.autocast import device as _device
+from mpguide.core.table import Table, _plain
 
 SCHEMA = 1
 ENVIRONMENT = "MPGUIDE_RECORDED"

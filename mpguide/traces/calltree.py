@@ -1,5 +1,5 @@
 """Call trees of a chrome trace: :func:`build` nests the complete (``ph: "X"``) events of a
-trace read into columns (:class:`Events`; :meth:`mpguide.trace.Trace.tree` passes its trace)
+trace read into columns (:class:`Events`; :meth:`mpguide.traces.trace.Trace.tree` passes its trace)
 into one tree per process and thread (:class:`Tree`, whose nodes are :class:`Node`).
 
 - CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
@@ -42,13 +42,13 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.columns import Args, Coded, Flows, codes, matching
-from mpguide.table import escape_controls
+from mpguide.core.table import escape_controls
+from mpguide.traces.columns import Args, Coded, Flows, codes, matching
 
 
 class Events(Protocol):
     """What a call tree reads of a trace, one array or column per field of its complete
-    events (:class:`mpguide.trace.Trace` is one)."""
+    events (:class:`mpguide.traces.trace.Trace` is one)."""
 
     name: Coded
     cat: Coded

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from mpguide import MPGuideError
-from mpguide.table import Table
+from mpguide.core.table import Table
 
 ALIASES = {
     "fp64": "float64",

@@ -1,7 +1,7 @@
 """Your own model, module by module: dtypes, casts, and error against a float64 run.
 
 :func:`report` runs a model on its inputs under autocast (or cast wholesale to one dtype) with
-hooks on every module and a :class:`mpguide.dtypes.Log` below them. Each op is counted in the
+hooks on every module and a :class:`mpguide.core.dtypes.Log` below them. Each op is counted in the
 innermost module being run; a backward op in the module whose forward op made its autograd
 node (autograd's sequence numbers say which). For every call of every module, in call order:
 
@@ -9,11 +9,11 @@ node (autograd's sequence numbers say which). For every call of every module, in
 - the ops it ran itself (not in its submodules) and the dtype conversions among them, forward
   and, with ``backward=True``, backward; under autocast, how many of those conversions autocast
   added: those the same module call does not make in a run with autocast off (the definition
-  :mod:`mpguide.policy` uses for one op);
+  :mod:`mpguide.autocast.policy` uses for one op);
 - on a live device, against a float64 copy of the model run with autocast off on the same
   inputs (floating inputs cast to float64), matched by module name and call index: the error
   of its first floating input and of its output (``max |error| / mean |ref|``, the statistic of
-  :func:`mpguide.numerics.errors`, over every floating tensor of the output), the infinities
+  :func:`mpguide.precision.numerics.errors`, over every floating tensor of the output), the infinities
   and NaNs it returned where the reference is finite, the values it returned as zero where
   the reference is not, and the reference values beyond the largest finite value of the
   low-precision format.
@@ -23,7 +23,7 @@ call to finish with an infinity or NaN where the reference has none, from a fini
 input; :attr:`Report.first_jump` the first whose output error is
 :data:`JUMP` times its input error or more (an error below the format's unit roundoff counts
 as the unit roundoff). Modules run in eval mode, so dropout is off and both runs see the same
-function. On a simulated device (:func:`mpguide.device.target`) no kernel runs: the report has
+function. On a simulated device (:func:`mpguide.autocast.device.target`) no kernel runs: the report has
 dtypes, ops and casts only, and says so.
 """
 
@@ -41,9 +41,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import MPGuideError, dtypes, error_line, graphs, numerics
-from mpguide import device as _device
-from mpguide.table import Table
+from mpguide import MPGuideError, error_line
+from mpguide.autocast import device as _device
+from mpguide.compiled import graphs
+from mpguide.core import dtypes
+from mpguide.core.table import Table
+from mpguide.precision import numerics
 
 FORWARD, BACKWARD = "forward", "backward"
 JUMP = 10.0
@@ -590,7 +593,7 @@ def report(
     """Run ``model`` on ``inputs`` (a tensor, a tuple or list of arguments, or a dict of
     keyword arguments) under ``autocast`` (bfloat16 or float16; the default when no
     ``dtype`` is given is bfloat16), or cast wholesale to ``dtype`` with its floating inputs,
-    on ``device`` (default :func:`mpguide.device.pick`; live where this machine has it,
+    on ``device`` (default :func:`mpguide.autocast.device.pick`; live where this machine has it,
     simulated where it does not or ``simulate`` is true), and report every module call (see
     the module's docstring). The model itself is left as it was: it is copied where it must be
     cast or moved, and its modules' training flags are restored."""
@@ -721,7 +724,7 @@ def _module_call(
 
 def _live(target: _device.Target) -> torch.device | None:
     """Where a copy of the model goes: the target's device when live; a simulated run takes
-    the copy as it is (:func:`mpguide.device.tensors` fakes it)."""
+    the copy as it is (:func:`mpguide.autocast.device.tensors` fakes it)."""
     return None if target.simulated else target.device
 
 

@@ -3,8 +3,8 @@
 :func:`files` finds a directory's traces (``*.json``, ``*.json.gz``); each trace's rank is its
 ``distributedInfo.rank`` where it has one, else ``rank`` and a number in its file name, else
 unknown. :func:`casts_of_ranks` and :func:`trees_of_ranks` run the per-file report on every
-trace (:func:`mpguide.trace.load`, :meth:`~mpguide.trace.Trace.tree`,
-:func:`mpguide.casts.report`): in a pool of processes on this machine's cores, or on a Dask
+trace (:func:`mpguide.traces.trace.load`, :meth:`~mpguide.traces.trace.Trace.tree`,
+:func:`mpguide.traces.casts.report`): in a pool of processes on this machine's cores, or on a Dask
 cluster (``scheduler``), whose workers read the files themselves, at the same path, and send
 back a few figures per rank, never the events. A :class:`Ranks` holds one row per trace and
 compares the ranks: which one has the most of each figure, the median and the spread.
@@ -33,10 +33,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mpguide import MPGuideError, calltree, error_line
-from mpguide import casts as cast_report
-from mpguide import trace as trace_file
-from mpguide.table import Table
+from mpguide import MPGuideError, error_line
+from mpguide.core.table import Table
+from mpguide.traces import calltree
+from mpguide.traces import casts as cast_report
+from mpguide.traces import trace as trace_file
 
 PATTERNS = ("*.json", "*.json.gz")
 FROM_TRACE, FROM_NAME, UNKNOWN = "distributedInfo", "file name", "unknown"
@@ -96,7 +97,7 @@ def rank_of(path: str | Path) -> tuple[int | None, str]:
 class RankCasts:
     """The casts in one rank's trace: how many, their CPU time and GPU time (None when the
     trace has no GPU events), the time of its profiled steps (see
-    :func:`mpguide.casts.report`), and the largest group under ``by`` with its CPU time."""
+    :func:`mpguide.traces.casts.report`), and the largest group under ``by`` with its CPU time."""
 
     file: str
     rank: int | None
@@ -318,7 +319,7 @@ class Ranks:
         return ()
 
     def render(self, fmt: str) -> str:
-        """Both tables in ``fmt`` (one of :data:`mpguide.table.FORMATS`): JSON as one
+        """Both tables in ``fmt`` (one of :data:`mpguide.core.table.FORMATS`): JSON as one
         document with ``ranks`` and ``summary``; CSV the rows per trace alone."""
         table, summary = self.table(), self.summary()
         if fmt == "json":
@@ -348,7 +349,7 @@ def casts_of_ranks(
     max_bytes: int | None = trace_file.MAX_BYTES,
 ) -> Ranks:
     """The casts of every trace in ``folder``, one :class:`RankCasts` each; ``by`` names
-    the summary (:data:`mpguide.casts.SUMMARY_KEYS`) whose largest group each row shows.
+    the summary (:data:`mpguide.traces.casts.SUMMARY_KEYS`) whose largest group each row shows.
     See :func:`trees_of_ranks` for ``jobs``, ``scheduler``, ``progress`` and ``max_bytes``."""
     if by not in cast_report.SUMMARY_KEYS:
         keys = ", ".join(cast_report.SUMMARY_KEYS)
@@ -403,7 +404,7 @@ def _cores() -> int:
 def _in_pool() -> None:
     """In a pool's process: Ctrl-C is left to the parent, which ends the pool. The end
     (SIGTERM) kills the process at once; the trace reader's own worker dies with it
-    (:func:`mpguide.trace.load`)."""
+    (:func:`mpguide.traces.trace.load`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

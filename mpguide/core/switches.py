@@ -4,7 +4,7 @@ whether a setting changes any result on this hardware.
 A setting maps a dotted path under ``torch.backends`` (``"cuda.matmul.fp32_precision"``,
 ``"cudnn.allow_tf32"``, ...) or :data:`MATMUL_PRECISION` (the legacy
 :func:`torch.set_float32_matmul_precision`) to a value. The switch list itself lives in
-:mod:`mpguide.state`.
+:mod:`mpguide.core.state`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpguide import MPGuideError, state
-from mpguide import device as _device
-from mpguide.table import Table
+from mpguide import MPGuideError
+from mpguide.autocast import device as _device
+from mpguide.core import state
+from mpguide.core.table import Table
 
 MATMUL_PRECISION = "float32_matmul_precision"
 _MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -78,7 +79,7 @@ def apply(path: str, value: Any) -> None:
 
 @contextmanager
 def precision(settings: Mapping[str, Any]) -> Iterator[None]:
-    """Apply ``settings`` in order for the block; every switch :mod:`mpguide.state` knows is
+    """Apply ``settings`` in order for the block; every switch :mod:`mpguide.core.state` knows is
     restored on exit, even when the body (or a bad setting) raises."""
     with state.preserved():
         for path, value in settings.items():

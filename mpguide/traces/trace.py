@@ -10,7 +10,7 @@ when it is larger than a cap (:data:`MAX_BYTES` by default, decompressed), when 
 boundary comes in a few pieces, or when it nests deeper than the decoder goes; a boundary
 found inside an event's ``args`` is passed over. Bytes that are not UTF-8 are replaced by
 U+FFFD and counted. :meth:`Trace.tree` nests the events into call trees
-(:mod:`mpguide.calltree`).
+(:mod:`mpguide.traces.calltree`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from typing import BinaryIO
 import msgspec
 import numpy as np
 
-from mpguide import MPGuideError, calltree, error_line
-from mpguide.columns import Args, Coded, Flows, codes, matching, merged
+from mpguide import MPGuideError, error_line
+from mpguide.traces import calltree
+from mpguide.traces.columns import Args, Coded, Flows, codes, matching, merged
 
 
 class Event(msgspec.Struct, gc=False):
@@ -80,7 +81,7 @@ def _keeps_args(name: Coded, cat: Coded, args_of: Callable[[str], bool]) -> np.n
 def _flows(events: list[Event], flowing: np.ndarray) -> Flows:
     """The ``ac2g`` flow starts and ends among ``events``, of those ``flowing`` marks (flow
     phases in the flow category), with an ``id`` and a time that nests
-    (:data:`mpguide.calltree.MAX_US`)."""
+    (:data:`mpguide.traces.calltree.MAX_US`)."""
     maybe = list(compress(events, flowing.tolist()))
     n = len(maybe)
     ts = np.fromiter(map(attrgetter("ts"), maybe), float, n)
@@ -212,7 +213,7 @@ class Trace:
         return _Events(self)
 
     def tree(self, *, python: bool = False, annotations: bool = True) -> calltree.Tree:
-        """The call trees of this trace; see :func:`mpguide.calltree.build`."""
+        """The call trees of this trace; see :func:`mpguide.traces.calltree.build`."""
         return calltree.build(self, python=python, annotations=annotations)
 
     def __repr__(self) -> str:
@@ -597,7 +598,7 @@ log = logging.getLogger(__name__)
 
 _WINDOW = 1 << 20
 _SHARE = 0.6  # of the file decoded here: the worker first starts Python and imports
-_WORKER = "import sys; from mpguide.trace import _work; _work(sys.argv[1:])"
+_WORKER = "import sys; from mpguide.traces.trace import _work; _work(sys.argv[1:])"
 
 
 def _load_halves(path: Path, args_of) -> list[Trace] | None:

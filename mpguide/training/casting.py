@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from mpguide import MPGuideError, dtypes
-from mpguide import device as _device
-from mpguide.autograd import BACKWARD, DtypeLog, grad_graph
-from mpguide.table import Table
+from mpguide import MPGuideError
+from mpguide.autocast import device as _device
+from mpguide.core import dtypes
+from mpguide.core.table import Table
+from mpguide.training.autograd import BACKWARD, DtypeLog, grad_graph
 
 METHODS = {
     "construct": "Linear(..., dtype=dtype)",
@@ -59,7 +60,7 @@ class Conversion:
 
 
 def _cast(lin: torch.nn.Linear, method: str, dtype: torch.dtype) -> None:
-    from mpguide import state
+    from mpguide.core import state
 
     with state.preserved():
         if method == "data":

@@ -2,7 +2,7 @@
 
 :func:`profile_fn` calls ``fn`` once per profiler step (``wait + warmup + active`` calls),
 records shapes, the CPU always and CUDA when this torch sees a GPU, exports the chrome trace
-and reads it back with :func:`mpguide.trace.load`: the trace a reader's own file gives is the
+and reads it back with :func:`mpguide.traces.trace.load`: the trace a reader's own file gives is the
 trace the examples use.
 """
 
@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from mpguide import MPGuideError
-from mpguide.trace import Trace, load
+from mpguide.traces.trace import Trace, load
 
 
 def activities() -> list[ProfilerActivity]:

@@ -19,7 +19,7 @@ The casts counted are those autocast added: casts the same call also makes outsi
 
 Any device type this build has autocast kernels for can be probed: live where the machine has
 it, otherwise simulated with fake tensors under that device's autocast (see
-:func:`mpguide.device.target`). Every result says which.
+:func:`mpguide.autocast.device.target`). Every result says which.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves, tree_map
 
-from mpguide import device as _device
-from mpguide import dtypes, error_line
-from mpguide.table import Table
+from mpguide import error_line
+from mpguide.autocast import device as _device
+from mpguide.core import dtypes
+from mpguide.core.table import Table
 
 LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED, NEEDS_HARDWARE = (
     "lower precision",
@@ -619,10 +620,10 @@ def probe(
     seed: int = 0,
     simulate: bool = False,
 ) -> Policy:
-    """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.device.pick`).
+    """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.autocast.device.pick`).
 
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
-    build's dispatch rules (see :func:`mpguide.device.target`); the result says so.
+    build's dispatch rules (see :func:`mpguide.autocast.device.target`); the result says so.
     """
     dtype = dtypes.autocast_dtype(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)

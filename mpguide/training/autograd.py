@@ -3,7 +3,7 @@
 - :func:`grad_graph` walks ``grad_fn`` from a tensor and gives the autograd graph as a tree:
   each node with the metadata autograd recorded for the gradients it receives (dtype, shape,
   device), and the parameters behind ``AccumulateGrad`` leaves named.
-- :class:`DtypeLog` is a :class:`mpguide.dtypes.Log` that records every ATen op run while it
+- :class:`DtypeLog` is a :class:`mpguide.core.dtypes.Log` that records every ATen op run while it
   is active, in forward and in backward, with input and output dtypes and shapes, and marks
   the casts::
 
@@ -17,8 +17,8 @@
   starts is such an op. A ``torch.compile``'d function called inside the logger runs eagerly;
   call its forward outside and only its backward inside to log the compiled backward.
 
-The autograd chapter's experiments build on these: :mod:`mpguide.casting` (the ways to cast a
-module's parameters) and :mod:`mpguide.master_weights` (updates bf16 cannot hold).
+The autograd chapter's experiments build on these: :mod:`mpguide.training.casting` (the ways to cast a
+module's parameters) and :mod:`mpguide.training.master_weights` (updates bf16 cannot hold).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from mpguide import MPGuideError, dtypes
-from mpguide.table import Table
+from mpguide import MPGuideError
+from mpguide.core import dtypes
+from mpguide.core.table import Table
 
 FORWARD, BACKWARD = "forward", "backward"
 # Bookkeeping ops (``record_function`` markers that optimizers emit) the log leaves out.

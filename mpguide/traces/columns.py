@@ -1,4 +1,4 @@
-"""The columns a trace is read into (:class:`mpguide.trace.Trace`): columns of many
+"""The columns a trace is read into (:class:`mpguide.traces.trace.Trace`): columns of many
 repeated values kept as codes, each value's index among the distinct values (names,
 categories, processes and threads; the call tree and the cast report ask them questions once
 per distinct value instead of once per event), the events' undecoded ``args`` and the flow

@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from mpguide import MPGuideError
-from mpguide import dtypes as _dtypes
+from mpguide.core import dtypes as _dtypes
 
 _DEVICE_TYPES = ("cpu", "cuda")
 

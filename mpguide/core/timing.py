@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from mpguide import MPGuideError
-from mpguide import device as _device
-from mpguide.table import Table
+from mpguide.autocast import device as _device
+from mpguide.core.table import Table
 
 NOISY = 0.10
 """A latency whose interquartile range exceeds this share of its median is flagged as noisy."""

@@ -35,7 +35,8 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.calltree import (
+from mpguide.core.table import Table
+from mpguide.traces.calltree import (
     ANNOTATION,
     MODULE_MARK,
     PYTHON,
@@ -45,9 +46,8 @@ from mpguide.calltree import (
     frame_place,
     module_class,
 )
-from mpguide.columns import codes
-from mpguide.table import Table
-from mpguide.trace import paused_gc
+from mpguide.traces.columns import codes
+from mpguide.traces.trace import paused_gc
 
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 BACKWARD_MARK = "autograd::engine::evaluate_function"
@@ -238,7 +238,7 @@ def fused_kind(name: str) -> str | None:
 
 def needs_args(name: str) -> bool:
     """Whether the report reads the ``args`` of events with this name: pass it to
-    :func:`mpguide.trace.load` as ``args_of`` to keep only those."""
+    :func:`mpguide.traces.trace.load` as ``args_of`` to keep only those."""
     return name in CAST_OPS or name.startswith(TO_COPY_BACKWARD)
 
 

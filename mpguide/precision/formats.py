@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from mpguide import MPGuideError
-from mpguide import dtypes as _dtypes
-from mpguide.table import Table
+from mpguide.core import dtypes as _dtypes
+from mpguide.core.table import Table
 
 _FP32_MANTISSA = 23
 
@@ -116,7 +116,7 @@ def _whole(value: float) -> float | int:
 
 
 def table() -> Table:
-    """The formats as a :class:`~mpguide.table.Table`; a note names any ``finfo.eps`` that
+    """The formats as a :class:`~mpguide.core.table.Table`; a note names any ``finfo.eps`` that
     disagrees with the format's layout."""
     rows = tuple(
         (

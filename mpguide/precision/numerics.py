@@ -6,7 +6,7 @@ and compares with the float64 product of the same inputs. Modes:
 - ``fp32``: IEEE float32, every precision switch off;
 - ``tf32``, ``bfloat16``, ``float16``, fp8 formats: on CUDA the hardware path (the TF32
   switch, low-precision inputs, :func:`torch._scaled_mm` for fp8); elsewhere emulated: inputs
-  rounded to the format by :mod:`mpguide.formats`, products accumulated in IEEE float32;
+  rounded to the format by :mod:`mpguide.precision.formats`, products accumulated in IEEE float32;
 - ``fp32_precision=VALUE``: each other value the device's matmul backend accepts for its
   ``fp32_precision`` switch, run on the hardware and marked when it changed nothing.
 """
@@ -21,9 +21,11 @@ from functools import partial
 
 import torch
 
-from mpguide import MPGuideError, error_line, formats, switches, timing
-from mpguide import device as _device
-from mpguide.table import Table
+from mpguide import MPGuideError, error_line
+from mpguide.autocast import device as _device
+from mpguide.core import switches, timing
+from mpguide.core.table import Table
+from mpguide.precision import formats
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mpguide import MPGuideError, error_line, timing
-from mpguide import device as _device
-from mpguide import dtypes as _dtypes
-from mpguide import policy as _policy
-from mpguide.numerics import ErrorStats, errors
-from mpguide.table import Table
+from mpguide import MPGuideError, error_line
+from mpguide.autocast import device as _device
+from mpguide.autocast import policy as _policy
+from mpguide.core import dtypes as _dtypes
+from mpguide.core import timing
+from mpguide.core.table import Table
+from mpguide.precision.numerics import ErrorStats, errors
 
 # --- Loss scaling, optimizer precision, whole training loops (training pages 01, 02, 06) ---
 #
@@ -1178,7 +1179,7 @@ def running_means(
 @dataclass(frozen=True)
 class Sweep:
     """The error of a gradient summed from many contributions, against their float64 sum: one
-    :class:`~mpguide.numerics.ErrorStats` per way of summing (``ways``) and count."""
+    :class:`~mpguide.precision.numerics.ErrorStats` per way of summing (``ways``) and count."""
 
     what: str
     counted: str
@@ -1535,7 +1536,7 @@ def _wrap(setup: str, model: nn.Module) -> tuple[nn.Module, str]:
 
 
 def _comm_step(setup: str, scale: float, rank: int) -> dict:
-    from mpguide.autograd import DtypeLog
+    from mpguide.training.autograd import DtypeLog
 
     gen = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(32, 16, generator=gen)
@@ -1586,7 +1587,7 @@ def communication(
 ) -> Communication:
     """One training step of each of ``setups`` (of :data:`COMM_SETUPS`) at each loss scale, in
     ``world_size`` worker processes on the CPU, gloo, meeting in a file store: what each
-    hands to the collectives (logged by :class:`~mpguide.autograd.DtypeLog`), and the
+    hands to the collectives (logged by :class:`~mpguide.training.autograd.DtypeLog`), and the
     reduced gradient against the ranks' own and float64 gradients (see :class:`CommRun`).
     Each rank trains the same small MLP on its own batch. Workers still running after
     ``timeout`` seconds are killed."""
@@ -1636,7 +1637,7 @@ def _run_ranks(world_size: int, plan: str, timeout: float) -> list[list[dict]]:
     their results; a rank that failed raises ``RuntimeError`` with its last error line."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-    code = "import sys; from mpguide.training import _rank; _rank(*sys.argv[1:])"
+    code = "import sys; from mpguide.training.loop import _rank; _rank(*sys.argv[1:])"
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "store")
         outs = [os.path.join(folder, f"rank{r}.pt") for r in range(world_size)]

@@ -1,0 +1,3 @@
+"""Number formats and rounding emulation (``formats``), error statistics against a float64
+reference and matmul error tables (``numerics``).
+"""
