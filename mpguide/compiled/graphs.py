@@ -173,7 +173,7 @@ def _change(op: str) -> str:
     return "conversion" if op in dtypes.CONVERSIONS else "promotion"
 
 
-_LIBRARY_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+_LIBRARY_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parents[1]))
 
 
 def _user_frame() -> str:

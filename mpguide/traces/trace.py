@@ -633,7 +633,7 @@ def _with_worker(
     leaves early (an error, or a signal that :mod:`mpguide.cli` turns into one), and by
     Linux when this process dies."""
     keep = _pickled(args_of).hex()
-    package = str(Path(__file__).resolve().parents[1])
+    package = str(Path(__file__).resolve().parents[2])
     path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
     argv = [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(os.getpid())]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as errors:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -1635,7 +1636,7 @@ def _run_ranks(world_size: int, plan: str, timeout: float) -> list[list[dict]]:
     """Start one :func:`_rank` process per rank, wait for all of them (killing those left
     after ``timeout`` seconds, or all of them when this process is interrupted) and read
     their results; a rank that failed raises ``RuntimeError`` with its last error line."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
     code = "import sys; from mpguide.training.loop import _rank; _rank(*sys.argv[1:])"
     with tempfile.TemporaryDirectory() as folder:
