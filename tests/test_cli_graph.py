@@ -5,6 +5,7 @@ import torch
 from conftest import mpguide_process
 
 from mpguide.autocast import device
+from mpguide.cli import main
 
 FUNCTIONS = """
 import torch
@@ -36,16 +37,23 @@ def functions(tmp_path_factory):
     return path
 
 
-def _json(*args):
-    proc = mpguide_process("graph", *args, "--format", "json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+def graph(capsys, *args) -> tuple[int, str, str]:
+    """``python -m mpguide graph ARGS`` in this process: status, stdout, stderr."""
+    status = main(["graph", *map(str, args)])
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
-def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions):
+def _json(capsys, *args):
+    status, out, err = graph(capsys, *args, "--format", "json")
+    assert status == 0, err
+    return json.loads(out)
+
+
+def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions, capsys):
     fn = f"{functions}:matmul_into_fp32"
-    cpu = _json(fn, *ISSUE, "--device", "cpu", "--backend", "inductor")
-    cuda = _json(fn, *ISSUE, "--device", "cuda", "--backend", "inductor")
+    cpu = _json(capsys, fn, *ISSUE, "--device", "cpu", "--backend", "inductor")
+    cuda = _json(capsys, fn, *ISSUE, "--device", "cuda", "--backend", "inductor")
     cpu_code, cuda_code = cpu["graphs"]["forward"]["code"], cuda["graphs"]["forward"]["code"]
     assert "aten.bmm" not in cpu_code
     assert "mul: f32[224, 8] = aten.mul.Tensor" in cpu_code
@@ -65,18 +73,24 @@ def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions):
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "json"])
-def test_every_format_says_the_graph_was_simulated(functions, fmt):
-    proc = mpguide_process(
-        "graph", f"{functions}:scale_and_sin", "--inputs", "f32[8]", "--backward", "--format", fmt
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert device.SIMULATED in proc.stdout
-    assert proc.stdout.count("backward") >= 2 and "aten.cos" in proc.stdout
+def test_every_format_says_the_graph_was_simulated(functions, fmt, capsys):
+    args = (f"{functions}:scale_and_sin", "--inputs", "f32[8]", "--backward", "--format", fmt)
+    status, out, err = graph(capsys, *args)
+    assert status == 0, err
+    assert device.SIMULATED in out
+    assert out.count("backward") >= 2 and "aten.cos" in out
 
 
-def test_autocast_puts_its_casts_in_the_graph(functions):
+def test_autocast_puts_its_casts_in_the_graph(functions, capsys):
     doc = _json(
-        f"{functions}:scale_and_sin", "--inputs", "f32[8]", "--device", "cuda", "--autocast", "fp16"
+        capsys,
+        f"{functions}:scale_and_sin",
+        "--inputs",
+        "f32[8]",
+        "--device",
+        "cuda",
+        "--autocast",
+        "fp16",
     )
     assert doc["device"] == "cuda" and "forward" in doc["graphs"]
 
@@ -100,11 +114,11 @@ def test_autocast_puts_its_casts_in_the_graph(functions):
         (["{f}:scale_and_sin"], "required: --inputs"),
     ],
 )
-def test_refused_input_is_one_line_and_status_2(functions, args, message):
-    proc = mpguide_process("graph", *(a.replace("{f}", str(functions)) for a in args))
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith("mpguide: error: ") and proc.stderr.count("\n") == 1
-    assert message in proc.stderr
+def test_refused_input_is_one_line_and_status_2(functions, args, message, capsys):
+    status, out, err = graph(capsys, *(a.replace("{f}", str(functions)) for a in args))
+    assert status == 2 and out == ""
+    assert err.startswith("mpguide: error: ") and err.count("\n") == 1
+    assert message in err
 
 
 def test_a_package_module_spec_names_the_same_function(functions):

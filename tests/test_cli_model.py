@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -68,12 +69,23 @@ def folder(tmp_path_factory):
     return path
 
 
-def _run(folder, *args):
-    return mpguide_process("model", *args, cwd=folder)
+@pytest.fixture
+def run(capsys, monkeypatch):
+    """``python -m mpguide COMMAND ARGS`` from a folder, in this process (the reader's exit
+    status test below runs one as a process)."""
+
+    def command(folder, *args, command="model") -> subprocess.CompletedProcess:
+        monkeypatch.chdir(folder)
+        monkeypatch.syspath_prepend(str(folder))
+        status = main([command, *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess([command, *args], status, out, err)
+
+    return command
 
 
-def test_text_names_every_module_call_and_the_findings(folder):
-    proc = _run(folder, "factories.py:make")
+def test_text_names_every_module_call_and_the_findings(folder, run):
+    proc = run(folder, "factories.py:make")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("Sequential module by module, autocast(")
@@ -82,8 +94,8 @@ def test_text_names_every_module_call_and_the_findings(folder):
     assert "no module returned inf or NaN where the float64 reference is finite" in proc.stdout
 
 
-def test_a_package_module_spec_and_json(folder):
-    proc = _run(folder, "factories:make", "--format", "json", "--backward", "--dtype", "bf16")
+def test_a_package_module_spec_and_json(folder, run):
+    proc = run(folder, "factories:make", "--format", "json", "--backward", "--dtype", "bf16")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     rows = {r["module"]: r for r in doc["rows"]}
@@ -92,26 +104,26 @@ def test_a_package_module_spec_and_json(folder):
     assert "cast to bfloat16" in doc["caption"]
 
 
-def test_fp16_overflow_is_named(folder):
-    proc = _run(folder, "factories.py:overflows", "--autocast", "float16", "--format", "markdown")
+def test_fp16_overflow_is_named(folder, run):
+    proc = run(folder, "factories.py:overflows", "--autocast", "float16", "--format", "markdown")
     assert proc.returncode == 0, proc.stderr
     assert "first non-finite output: 1 (Scale)" in proc.stdout
     assert proc.stdout.startswith("**Sequential module by module, autocast(")
 
 
-def test_limit_says_how_many_more_and_csv_puts_the_notes_on_stderr(folder):
-    proc = _run(folder, "factories.py:make", "--limit", "2", "--format", "csv")
+def test_limit_says_how_many_more_and_csv_puts_the_notes_on_stderr(folder, run):
+    proc = run(folder, "factories.py:make", "--limit", "2", "--format", "csv")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("module,type,in,out,params,ops,casts")
     assert len(proc.stdout.splitlines()) == 3
     assert "mpguide: note: ... 2 more module calls not shown (2 of 4)" in proc.stderr
-    text = _run(folder, "factories.py:make", "--limit", "1")
+    text = run(folder, "factories.py:make", "--limit", "1")
     assert text.stdout.splitlines()[-1] == "... 3 more module calls not shown (1 of 4)"
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "json", "csv"])
-def test_a_simulated_device_says_so_in_every_format(folder, fmt):
-    proc = _run(folder, "factories.py:make", "--device", "cuda", "--simulate", "--format", fmt)
+def test_a_simulated_device_says_so_in_every_format(folder, fmt, run):
+    proc = run(folder, "factories.py:make", "--device", "cuda", "--simulate", "--format", fmt)
     assert proc.returncode == 0, proc.stderr
     assert device.SIMULATED in proc.stdout + proc.stderr
     assert "out err" not in proc.stdout
@@ -152,7 +164,7 @@ def test_refused_input_is_one_line_and_status_2(folder, args, message, capsys, m
 
 
 def test_the_readers_exit_status_does_not_end_the_process(folder):
-    proc = _run(folder, "factories.py:exits")
+    proc = mpguide_process("model", "factories.py:exits", cwd=folder)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "mpguide: error: calling factories.py:exits raised SystemExit(3)\n"
 
@@ -189,21 +201,21 @@ def qwen(tmp_path_factory):
     return path
 
 
-def test_model_runs_a_transformers_model_live_and_simulated(qwen):
-    live = json.loads(_run(qwen, "qwen.py:make", "--format", "json").stdout)
+def test_model_runs_a_transformers_model_live_and_simulated(qwen, run):
+    live = json.loads(run(qwen, "qwen.py:make", "--format", "json").stdout)
     rows = {r["module"]: r for r in live["rows"]}
     assert rows["model.layers.1.mlp.down_proj"]["out"] == "bf16"
     assert rows["model.norm"]["out"] == "f32" and rows["(root)"]["out err"] > 0
-    sim = _run(qwen, "qwen.py:make", "--device", "cuda", "--simulate", "--autocast", "fp16")
+    sim = run(qwen, "qwen.py:make", "--device", "cuda", "--simulate", "--autocast", "fp16")
     assert sim.returncode == 0, sim.stderr
     assert "model.layers.1.self_attn.o_proj" in sim.stdout and device.SIMULATED in sim.stdout
 
 
 @pytest.mark.parametrize("dev", ["cpu", "cuda"])
-def test_graph_traces_a_transformers_model_on_any_device(qwen, dev):
-    proc = mpguide_process(
-        "graph", "qwen.py:logits", "--inputs", "i64[2,64]", "--device", dev,
-        "--autocast", "bf16", "--format", "json", cwd=qwen,
+def test_graph_traces_a_transformers_model_on_any_device(qwen, dev, run):
+    proc = run(
+        qwen, "qwen.py:logits", "--inputs", "i64[2,64]", "--device", dev,
+        "--autocast", "bf16", "--format", "json", command="graph",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
