@@ -699,7 +699,6 @@ class Runs:
         rows = tuple(
             (
                 r.name,
-                r.recipe.setup,
                 r.final,
                 f"{r.final - first.final:+.4f}",
                 len(r.skipped),
@@ -712,7 +711,6 @@ class Runs:
         )
         columns = (
             "recipe",
-            "setup",
             "held-out loss",
             f"vs {first.name}",
             "skipped steps",
