@@ -692,7 +692,7 @@ class Runs:
         raise MPGuideError(f"no run of {name!r}; these ran: {', '.join(r.name for r in self.runs)}")
 
     def table(self) -> Table:
-        """One row per recipe: its setup, the final held-out loss and its difference from the
+        """One row per recipe: the final held-out loss and its difference from the
         first run's, skipped steps, bytes per parameter, and step times with their ratio to
         the first run's median."""
         first = self.runs[0]
