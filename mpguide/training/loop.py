@@ -25,6 +25,8 @@ from mpguide.autocast import policy as _policy
 from mpguide.core import dtypes as _dtypes
 from mpguide.core import timing
 from mpguide.core.table import Table
+
+BF16, FP32 = torch.bfloat16, torch.float32
 from mpguide.precision.numerics import ErrorStats, errors
 
 # --- Loss scaling, optimizer precision, whole training loops (training pages 01, 02, 06) ---
@@ -613,7 +615,6 @@ class Recipe:
         return ", ".join(parts)
 
 
-BF16 = torch.bfloat16
 RECIPES = {
     "fp32": Recipe("fp32"),
     "autocast-bf16": Recipe("autocast bf16", autocast=BF16),
@@ -1353,13 +1354,12 @@ _DDP_HOOKS = {
     "DDP, fp16_compress_hook": "fp16_compress_hook",
     "DDP, bf16_compress_hook": "bf16_compress_hook",
 }
-_BF16, _FP32 = torch.bfloat16, torch.float32
 # The param_dtype, reduce_dtype and output_dtype of each FSDP2 setup's MixedPrecisionPolicy.
 _FSDP2_POLICIES = {
     "FSDP2": (None, None, None),
-    "FSDP2, param bf16, reduce float32": (_BF16, _FP32, None),
-    "FSDP2, param bf16, reduce bf16": (_BF16, _BF16, None),
-    "FSDP2, param bf16, reduce float32, output float32": (_BF16, _FP32, _FP32),
+    "FSDP2, param bf16, reduce float32": (BF16, FP32, None),
+    "FSDP2, param bf16, reduce bf16": (BF16, BF16, None),
+    "FSDP2, param bf16, reduce float32, output float32": (BF16, FP32, FP32),
 }
 COMM_SETUPS = (*_DDP_HOOKS, *_FSDP2_POLICIES)
 """What :func:`communication` runs: DDP without a comm hook and with the built-in hooks that
