@@ -29,3 +29,20 @@ def mpguide_process(*args: str, cwd=None) -> subprocess.CompletedProcess:
         cwd=cwd,
         env=env,
     )
+
+
+@pytest.fixture
+def mpguide_main(capsys, monkeypatch):
+    """Run ``python -m mpguide ARGS`` in this process, from ``cwd`` (its folder first on
+    ``sys.path``, as for a process), and capture its output as :func:`mpguide_process` does."""
+    from mpguide.cli import main
+
+    def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+            monkeypatch.syspath_prepend(str(cwd))
+        status = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), status, out, err)
+
+    return run

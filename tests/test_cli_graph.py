@@ -5,7 +5,6 @@ import torch
 from conftest import mpguide_process
 
 from mpguide.autocast import device
-from mpguide.cli import main
 
 FUNCTIONS = """
 import torch
@@ -37,23 +36,16 @@ def functions(tmp_path_factory):
     return path
 
 
-def graph(capsys, *args) -> tuple[int, str, str]:
-    """``python -m mpguide graph ARGS`` in this process: status, stdout, stderr."""
-    status = main(["graph", *map(str, args)])
-    out, err = capsys.readouterr()
-    return status, out, err
+def _json(mpguide_main, *args):
+    proc = mpguide_main("graph", *args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
-def _json(capsys, *args):
-    status, out, err = graph(capsys, *args, "--format", "json")
-    assert status == 0, err
-    return json.loads(out)
-
-
-def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions, capsys):
+def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions, mpguide_main):
     fn = f"{functions}:matmul_into_fp32"
-    cpu = _json(capsys, fn, *ISSUE, "--device", "cpu", "--backend", "inductor")
-    cuda = _json(capsys, fn, *ISSUE, "--device", "cuda", "--backend", "inductor")
+    cpu = _json(mpguide_main, fn, *ISSUE, "--device", "cpu", "--backend", "inductor")
+    cuda = _json(mpguide_main, fn, *ISSUE, "--device", "cuda", "--backend", "inductor")
     cpu_code, cuda_code = cpu["graphs"]["forward"]["code"], cuda["graphs"]["forward"]["code"]
     assert "aten.bmm" not in cpu_code
     assert "mul: f32[224, 8] = aten.mul.Tensor" in cpu_code
@@ -73,17 +65,17 @@ def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions, caps
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "json"])
-def test_every_format_says_the_graph_was_simulated(functions, fmt, capsys):
+def test_every_format_says_the_graph_was_simulated(functions, fmt, mpguide_main):
     args = (f"{functions}:scale_and_sin", "--inputs", "f32[8]", "--backward", "--format", fmt)
-    status, out, err = graph(capsys, *args)
-    assert status == 0, err
-    assert device.SIMULATED in out
-    assert out.count("backward") >= 2 and "aten.cos" in out
+    proc = mpguide_main("graph", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert device.SIMULATED in proc.stdout
+    assert proc.stdout.count("backward") >= 2 and "aten.cos" in proc.stdout
 
 
-def test_autocast_puts_its_casts_in_the_graph(functions, capsys):
+def test_autocast_puts_its_casts_in_the_graph(functions, mpguide_main):
     doc = _json(
-        capsys,
+        mpguide_main,
         f"{functions}:scale_and_sin",
         "--inputs",
         "f32[8]",
@@ -114,11 +106,11 @@ def test_autocast_puts_its_casts_in_the_graph(functions, capsys):
         (["{f}:scale_and_sin"], "required: --inputs"),
     ],
 )
-def test_refused_input_is_one_line_and_status_2(functions, args, message, capsys):
-    status, out, err = graph(capsys, *(a.replace("{f}", str(functions)) for a in args))
-    assert status == 2 and out == ""
-    assert err.startswith("mpguide: error: ") and err.count("\n") == 1
-    assert message in err
+def test_refused_input_is_one_line_and_status_2(functions, args, message, mpguide_main):
+    proc = mpguide_main("graph", *(a.replace("{f}", str(functions)) for a in args))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("mpguide: error: ") and proc.stderr.count("\n") == 1
+    assert message in proc.stderr
 
 
 def test_a_package_module_spec_names_the_same_function(functions):

@@ -1,6 +1,5 @@
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -70,18 +69,10 @@ def folder(tmp_path_factory):
 
 
 @pytest.fixture
-def run(capsys, monkeypatch):
-    """``python -m mpguide COMMAND ARGS`` from a folder, in this process (the reader's exit
+def run(mpguide_main):
+    """``python -m mpguide model ARGS`` from a folder, in this process (the reader's exit
     status test below runs one as a process)."""
-
-    def command(folder, *args, command="model") -> subprocess.CompletedProcess:
-        monkeypatch.chdir(folder)
-        monkeypatch.syspath_prepend(str(folder))
-        status = main([command, *args])
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess([command, *args], status, out, err)
-
-    return command
+    return lambda folder, *args, command="model": mpguide_main(command, *args, cwd=folder)
 
 
 def test_text_names_every_module_call_and_the_findings(folder, run):
