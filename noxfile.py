@@ -46,9 +46,11 @@ def _install(session: nox.Session, *extras: str) -> None:
 
 @nox.session(default=True)
 def tests(session: nox.Session) -> None:
-    """Run the test suite."""
+    """Run the test suite, one worker per core (at most four); ``-- -n 0`` runs it in this
+    process."""
     _install(session, "test")
-    session.run("python", "-m", "pytest", *session.posargs)
+    workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
+    session.run("python", "-m", "pytest", *workers, *session.posargs)
 
 
 @nox.session(default=False)

@@ -2,7 +2,6 @@ import json
 
 import pytest
 import torch
-from conftest import mpguide_process
 
 from mpguide.autocast import device
 
@@ -113,8 +112,8 @@ def test_refused_input_is_one_line_and_status_2(functions, args, message, mpguid
     assert message in proc.stderr
 
 
-def test_a_package_module_spec_names_the_same_function(functions):
-    proc = mpguide_process(
+def test_a_package_module_spec_names_the_same_function(functions, mpguide_main):
+    proc = mpguide_main(
         "graph", "functions:scale_and_sin", "--inputs", "f32[8]", cwd=functions.parent
     )
     assert proc.returncode == 0, proc.stderr
@@ -122,8 +121,8 @@ def test_a_package_module_spec_names_the_same_function(functions):
 
 
 @pytest.mark.skipif(torch.cuda._is_compiled(), reason="this build runs autograd on CUDA")
-def test_backward_on_a_device_this_build_cannot_differentiate_is_refused(functions):
-    proc = mpguide_process(
+def test_backward_on_a_device_this_build_cannot_differentiate_is_refused(functions, mpguide_main):
+    proc = mpguide_main(
         "graph",
         f"{functions}:scale_and_sin",
         "--inputs",

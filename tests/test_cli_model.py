@@ -3,7 +3,6 @@ import os
 import sys
 
 import pytest
-from conftest import mpguide_process
 
 from mpguide.autocast import device
 from mpguide.cli import main
@@ -154,8 +153,8 @@ def test_refused_input_is_one_line_and_status_2(folder, args, message, capsys, m
     assert message in err
 
 
-def test_the_readers_exit_status_does_not_end_the_process(folder):
-    proc = mpguide_process("model", "factories.py:exits", cwd=folder)
+def test_the_readers_exit_status_does_not_end_the_process(folder, mpguide_main):
+    proc = mpguide_main("model", "factories.py:exits", cwd=folder)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "mpguide: error: calling factories.py:exits raised SystemExit(3)\n"
 

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from conftest import mpguide_process
 
 from mpguide.cli import main
 from mpguide.precision import formats
@@ -39,7 +38,7 @@ def test_unknown_format_is_one_line_with_status_2(capsys):
     assert captured.err.startswith("mpguide: error: ") and "invalid choice: 'xml'" in captured.err
 
 
-def test_formats_as_a_process():
-    proc = mpguide_process("formats", "--format", "markdown")
+def test_formats_in_markdown(mpguide_main):
+    proc = mpguide_main("formats", "--format", "markdown")
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("**Floating-point formats in torch")
