@@ -1,17 +1,26 @@
 import csv
+import functools
 import io
 import json
 
 import pytest
 import torch
 
-from mpguide.autocast import device
+from mpguide.autocast import device, policy
 from mpguide.cli import main
 
 
-def test_policy_json_matches_the_catalogue(capsys):
-    from mpguide.autocast import policy
+@pytest.fixture(autouse=True, scope="module")
+def probe_each_policy_once():
+    """The formats render the same probes: each device, dtype and mode is probed once here
+    (test_policy checks the probing)."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr(policy, "probe", functools.cache(policy.probe))
+    yield
+    patch.undo()
 
+
+def test_policy_json_matches_the_catalogue(capsys):
     assert main(["policy", "--device", "cpu", "--dtype", "bf16", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["rows"]) == len(policy.CATALOGUE)

@@ -167,7 +167,7 @@ import transformers
 
 torch.manual_seed(0)
 config = transformers.Qwen2Config(
-    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
     num_attention_heads=4, num_key_value_heads=2,
 )
 model = transformers.Qwen2ForCausalLM(config)
@@ -194,11 +194,11 @@ def qwen(tmp_path_factory):
 def test_model_runs_a_transformers_model_live_and_simulated(qwen, run):
     live = json.loads(run(qwen, "qwen.py:make", "--format", "json").stdout)
     rows = {r["module"]: r for r in live["rows"]}
-    assert rows["model.layers.1.mlp.down_proj"]["out"] == "bf16"
+    assert rows["model.layers.0.mlp.down_proj"]["out"] == "bf16"
     assert rows["model.norm"]["out"] == "f32" and rows["(root)"]["out err"] > 0
     sim = run(qwen, "qwen.py:make", "--device", "cuda", "--simulate", "--autocast", "fp16")
     assert sim.returncode == 0, sim.stderr
-    assert "model.layers.1.self_attn.o_proj" in sim.stdout and device.SIMULATED in sim.stdout
+    assert "model.layers.0.self_attn.o_proj" in sim.stdout and device.SIMULATED in sim.stdout
 
 
 @pytest.mark.parametrize("dev", ["cpu", "cuda"])
