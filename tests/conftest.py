@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,17 @@ def mpguide_main(capsys, monkeypatch):
         return subprocess.CompletedProcess(list(args), status, out, err)
 
     return run
+
+
+@pytest.fixture
+def ctrl_c_heard():
+    """Children that hear Ctrl-C, even when this run was started in the background by a
+    shell (which ignores SIGINT, and ignored signals are inherited through exec)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

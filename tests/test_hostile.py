@@ -309,7 +309,9 @@ def held(tmp_path):
     ("sig", "status", "word"),
     [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")],
 )
-def test_a_signal_mid_decode_ends_both_processes_and_leaves_nothing(held, sig, status, word):
+def test_a_signal_mid_decode_ends_both_processes_and_leaves_nothing(
+    ctrl_c_heard, held, sig, status, word
+):
     proc, worker, tmp = held
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)  # Ctrl-C in a terminal signals the whole process group

@@ -223,7 +223,7 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
-def test_ctrl_c_leaves_no_process_behind(tmp_path):
+def test_ctrl_c_leaves_no_process_behind(ctrl_c_heard, tmp_path):
     first = tracegen.write(tmp_path / "rank0.json", 40_000)
     for r in range(1, 8):
         os.link(first, tmp_path / f"rank{r}.json")
