@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -192,7 +193,7 @@ def main() -> None:
             "pandas": pandas.__version__,
             "numpy": numpy.__version__,
             "date": datetime.date.today().isoformat(),
-            "command": "python benchmarks/hta_kernels.py " + " ".join(sys.argv[1:]),
+            "command": shlex.join(["python", "benchmarks/hta_kernels.py", *sys.argv[1:]]),
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg()[0],
             "repeat": args.repeat,

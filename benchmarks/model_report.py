@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -106,7 +107,7 @@ def provenance(argv: list[str], dev: torch.device) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "benchmarks/model_report.py", *argv]),
+        "command": shlex.join(["python", "benchmarks/model_report.py", *argv]),
         "load_average_at_start": os.getloadavg()[0],
     }
 

@@ -26,6 +26,7 @@ import gzip
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -298,7 +299,7 @@ def provenance(argv: list[str], note: str) -> dict:
         "msgspec": version("msgspec"),
         "numpy": version("numpy"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "benchmarks/trace_casts.py", *argv]),
+        "command": shlex.join(["python", "benchmarks/trace_casts.py", *argv]),
         "commands": {
             name: " ".join(
                 ["python", *("<the parse limit>" if a == "PARSE_LIMIT" else a for a in c)]
