@@ -66,11 +66,32 @@ Table(
 # unlike FSDP2, which skips its collectives there; see the autograd chapter), and copies the
 # result back into the float32 bucket: ``.grad`` stays float32. The bf16 hook is refused at
 # registration on a torch built without CUDA (or XPU), whatever the backend.
-assert [(r.op_name, r.cast) for r in hook_ops] == [
-    ("aten._to_copy", "float32->float16"),
-    ("c10d.allreduce_", ""),
-    ("aten.copy_", "float16->float32"),
-]
+#
+# The copy back is a callback on the all-reduce's future. It runs on the thread that
+# completes the all-reduce, gloo's own, unless the all-reduce was already done when the hook
+# attached it; a dispatch mode such as ``DtypeLog`` sees only the thread that entered it. So
+# the table above has the copy back only when it ran on this thread, and the page counts how
+# often that happens over further backward passes of the same model.
+TO_FP16, ALLREDUCE = ("aten._to_copy", "float32->float16"), ("c10d.allreduce_", "")
+COPY_BACK = ("aten.copy_", "float16->float32")
+assert [(r.op_name, r.cast) for r in hook_ops] in (
+    [TO_FP16, ALLREDUCE],
+    [TO_FP16, ALLREDUCE, COPY_BACK],
+)
+STEPS = 40
+logged_here = 0
+with loop.process_group():
+    ddp_again = DistributedDataParallel(nn.Linear(4, 4))
+    ddp_again.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+    for _ in range(STEPS):
+        with autograd.DtypeLog() as step_log:
+            ddp_again(torch.randn(2, 4)).sum().backward()
+        step_casts = [(r.op_name, r.cast) for r in step_log.records if r.is_cast]
+        assert step_casts in ([TO_FP16], [TO_FP16, COPY_BACK]), step_casts
+        assert ddp_again.module.weight.grad.dtype == torch.float32
+        logged_here += step_casts == [TO_FP16, COPY_BACK]
+print(f"the copy back ran on this thread in {logged_here} of {STEPS} backward passes; "
+      f"on gloo's thread, out of the log's sight, in {STEPS - logged_here}")
 assert hook_ops[1].inputs[0].dtype == fp16 and grad_dtype == torch.float32
 no_gpu_build = torch.version.cuda is None and torch.version.hip is None
 if no_gpu_build:
