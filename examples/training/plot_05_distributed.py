@@ -41,6 +41,19 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+
+def ddp_with_fp16_hook() -> DistributedDataParallel:
+    ddp = DistributedDataParallel(nn.Linear(4, 4))
+    ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+    return ddp
+
+
+def logged_backward(ddp: DistributedDataParallel) -> autograd.DtypeLog:
+    with autograd.DtypeLog() as log:
+        ddp(torch.randn(2, 4)).sum().backward()
+    return log
+
+
 with loop.process_group():
     try:
         DistributedDataParallel(nn.Linear(4, 4)).register_comm_hook(
@@ -49,10 +62,8 @@ with loop.process_group():
         bf16_refused = None
     except TypeError as err:
         bf16_refused = str(err)
-    ddp = DistributedDataParallel(nn.Linear(4, 4))
-    ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
-    with autograd.DtypeLog() as log:
-        ddp(torch.randn(2, 4)).sum().backward()
+    ddp = ddp_with_fp16_hook()
+    log = logged_backward(ddp)
     grad_dtype = ddp.module.weight.grad.dtype
 assert not dist.is_initialized()
 hook_ops = [r for r in log.records if r.is_cast or r.op.startswith("c10d.")]
@@ -81,14 +92,11 @@ assert [(r.op_name, r.cast) for r in hook_ops] in (
 STEPS = 40
 logged_here = 0
 with loop.process_group():
-    ddp_again = DistributedDataParallel(nn.Linear(4, 4))
-    ddp_again.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+    ddp = ddp_with_fp16_hook()
     for _ in range(STEPS):
-        with autograd.DtypeLog() as step_log:
-            ddp_again(torch.randn(2, 4)).sum().backward()
-        step_casts = [(r.op_name, r.cast) for r in step_log.records if r.is_cast]
+        step_casts = [(r.op_name, r.cast) for r in logged_backward(ddp).records if r.is_cast]
         assert step_casts in ([TO_FP16], [TO_FP16, COPY_BACK]), step_casts
-        assert ddp_again.module.weight.grad.dtype == torch.float32
+        assert ddp.module.weight.grad.dtype == torch.float32
         logged_here += step_casts == [TO_FP16, COPY_BACK]
 print(f"the copy back ran on this thread in {logged_here} of {STEPS} backward passes; "
       f"on gloo's thread, out of the log's sight, in {STEPS - logged_here}")
