@@ -108,6 +108,9 @@ sphinx_gallery_conf = {
     "matplotlib_animations": False,
     "image_scrapers": ("sphinx_helpers.figures",),
     "write_computation_times": True,
+    # A chapter's examples run in parallel, one worker per core (at most four);
+    # MPGUIDE_DOCS_JOBS=1 runs them one after another in this process.
+    "parallel": int(os.environ.get("MPGUIDE_DOCS_JOBS", min(os.cpu_count() or 1, 4))),
 }
 
 # Links to the PyTorch docs are plain URLs, so an offline build neither fails nor warns.
