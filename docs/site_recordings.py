@@ -77,9 +77,8 @@ def _encoder(dev: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, torch.randn(batch, length, width, device=dev)
 
 
-def _training_step_casts(dev: torch.device) -> Table:
-    from mpguide.traces import casts, profiling
-
+def _training_step(dev: torch.device) -> Callable[[], None]:
+    """One bf16-autocast training step of the encoder."""
     model, x = _encoder(dev)
     labels = torch.randint(0, 10, (x.shape[0],), device=dev)
 
@@ -88,7 +87,22 @@ def _training_step_casts(dev: torch.device) -> Table:
             loss = torch.nn.functional.cross_entropy(model(x), labels)
         loss.backward()
 
-    return casts.report(profiling.profile_fn(step, warmup=2).tree()).summary("cause")
+    return step
+
+
+def _training_step_casts(dev: torch.device) -> Table:
+    from mpguide.traces import casts, profiling
+
+    trace = profiling.profile_fn(_training_step(dev), warmup=2)
+    return casts.report(trace.tree()).summary("cause")
+
+
+def capture_trace(dev: torch.device, path: Path) -> Path:
+    """Write the chrome trace of one training step, with the Python stack, to ``path``."""
+    from mpguide.traces import profiling
+
+    profiling.profile_fn(_training_step(dev), warmup=2, path=path, with_stack=True)
+    return path
 
 
 def _inference_variants(dev: torch.device) -> Table:
@@ -116,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", metavar="KEY", help="measure only these keys")
     p.add_argument("--device", help="the device to record (default: cuda when present)")
     p.add_argument("--allow-cpu", action="store_true", help="record on a CPU")
+    p.add_argument(
+        "--trace", type=Path, metavar="PATH", help="also write one training step's chrome trace"
+    )
     args = p.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -134,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         )
         path = record.save(rec, Path(args.out) / f"{record.slug(rec.provenance)}.json")
+        if args.trace is not None:
+            print(f"wrote {capture_trace(dev, args.trace)}")
     except MPGuideError as err:
         print(f"site_recordings.py: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Everything the site records on a lent GPU machine, in one run of about 8 minutes.
+#
+# On the GPU machine (Python 3.12, torch with CUDA, no network): `bash docs/gpu_run.sh`. The
+# packages it lacks travel as wheels in .whl/ (made here by `bash docs/gpu_wheels.sh`). Outputs
+# land in $OUT (default build/gpu_run): the recording (docs/recorded/), the GPU tests' log, one
+# training step's CUDA trace (tests/data/gpu/), and the provenance of the run. Rehearse it on a
+# CPU with `bash docs/gpu_run.sh --allow-cpu`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu_run}
+mkdir -p "$OUT"
+allow=()
+[[ "${1:-}" == "--allow-cpu" ]] && allow=(--allow-cpu)
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import msgspec" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 2
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+status=0
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (at most ${limit}s)"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "   exit $rc after $((SECONDS - start))s; log: $OUT/$name.log"
+  tail -n 5 "$OUT/$name.log"
+  [[ $rc -eq 0 ]] || status=1
+}
+step provenance 60 "$PY" -c "
+import platform, subprocess, torch
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', platform.python_version())
+if torch.cuda.is_available():
+    print('gpu', torch.cuda.get_device_name(), 'capability', torch.cuda.get_device_capability())
+    print(subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version,memory.total',
+                          '--format=csv,noheader'], capture_output=True, text=True).stdout)
+"
+step record 300 "$PY" docs/site_recordings.py --out "$OUT" --trace "$OUT/train_step_cuda.json.gz" "${allow[@]}"
+step gpu_tests 150 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider tests
+cat "$OUT/provenance.log"
+exit $status
