@@ -18,7 +18,6 @@ operands in one dtype unless autocast casts them.
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mpguide.autocast import device

@@ -16,7 +16,6 @@ be asked for; the output keeps the compute dtype unless ``output_dtype`` is set;
 # -----
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from mpguide import error_line
 from mpguide.autocast import device
