@@ -3,6 +3,10 @@ often a confusion recurs, with the page section that answers each one.
 
 A question's ``answered_by`` is ``path/to/plot_page.py#anchor``: the anchor is the HTML id
 Sphinx gives the section heading (:func:`anchor`), so :func:`sections` of the page must list it.
+To add a question, append an entry to the data file (its threads in ``links``, ``count`` equal
+to their number, a ``group`` shared with the questions that ask the same thing, ``coverage``
+and, unless it is full, a ``note`` saying what is missing); ``tests/test_questions.py`` checks
+the entry and that its section exists.
 """
 
 from __future__ import annotations
@@ -166,7 +170,12 @@ class Collected:
         )
 
     def __repr__(self) -> str:
-        return self.table().to_text()
+        full = self.table()
+        keep = ("rank", "group threads", "coverage", "question")
+        idx = [full.columns.index(c) for c in keep]
+        return Table(
+            keep, tuple(tuple(r[i] for i in idx) for r in full.rows), full.caption
+        ).to_text()
 
     def _repr_html_(self) -> str:
         sizes = group_sizes(self.questions)
