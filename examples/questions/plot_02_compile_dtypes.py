@@ -220,6 +220,7 @@ def weight_grad(fn):
     return lin.weight.grad.clone()
 
 
+assert functorch_config.backward_pass_autocast == "same_as_forward"  # the default
 eager_grad = weight_grad(inner_fp32)
 torch._dynamo.reset()
 default_grad = weight_grad(torch.compile(inner_fp32, backend="aot_eager"))
