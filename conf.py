@@ -90,6 +90,8 @@ nb_merge_streams = True
 
 # sphinx-gallery
 CHAPTERS = ["autocast", "profiler", "compile", "autograd", "numerics", "inference", "training", "model"]
+# Readers' questions, answered as asked: after the chapters their answers link to.
+CHAPTERS.append("questions")
 sphinx_gallery_conf = {
     "examples_dirs": "examples",
     "gallery_dirs": "docs/auto_examples",

@@ -200,3 +200,10 @@ def test_move_copies_to_a_live_device_and_fakes_a_simulated_one():
         moved = device.move(x, cuda)
         assert isinstance(moved["ids"], FakeTensor) and moved["ids"].device.type == "cuda"
         assert moved["ids"].dtype == torch.int64 and moved["flag"] is True
+
+
+def test_accepts_names_what_cpu_autocast_takes():
+    assert device.accepts("cpu", torch.bfloat16) == (True, "")
+    enabled, said = device.accepts("cpu", torch.float64)
+    assert not enabled and "target dtype is not supported" in said
+    assert not torch.is_autocast_enabled("cpu")

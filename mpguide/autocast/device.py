@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -437,3 +438,14 @@ def simulate(dev_type: str, dtype: torch.dtype | str | None = None) -> Iterator[
     t = target(dev_type, simulate=True)
     with tensors(t), autocast(t, None if dtype is None else _dtypes.autocast_dtype(dtype)):
         yield t.device
+
+
+def accepts(dev_type: str, dtype: torch.dtype) -> tuple[bool, str]:
+    """Whether ``torch.autocast(dev_type, dtype=dtype)`` switches autocast on in this process,
+    and the warnings it raised (``""`` when none): autocast disables itself, with a warning,
+    for a dtype the device does not support or a device this machine lacks."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(dev_type, dtype=dtype):
+            enabled = torch.is_autocast_enabled(dev_type)
+    return enabled, "; ".join(str(w.message) for w in caught)

@@ -68,3 +68,18 @@ def _change(name: str, since: str, before: str, after: str) -> Change:
 def change(name: str) -> Change:
     """The change called ``name``."""
     return CHANGES[name]
+
+
+_change(
+    "cpu_emulate_precision_casts",
+    "2.13",
+    "inductor's emulate_precision_casts changes nothing on the CPU: fused bf16 intermediates stay "
+    "in float32",
+    "inductor's emulate_precision_casts rounds fused bf16 intermediates on the CPU as eager does",
+)
+_change(
+    "compile_rejects_mixed_matmul",
+    "2.12",
+    "inductor compiles a float16 @ float32 matmul that eager rejects, and returns float32",
+    "tracing rejects a float16 @ float32 matmul as eager does",
+)

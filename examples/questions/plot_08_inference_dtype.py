@@ -1,0 +1,153 @@
+"""
+Serving dtype: readers' questions
+=================================
+
+Two recurring questions about inference: why a model trained in bf16 returns NaN (or the
+``probability tensor contains either inf, nan or element < 0`` error) when loaded in fp16, and
+whether logits should be upcast before a softmax, a sigmoid or sampling. Each is answered with
+a small model whose activations have the outlier a bf16-trained network develops, served in
+float32, bf16 and fp16 on this build's device. The answers: fp16's largest value, 65504, is
+far below such activations, so fp16 turns them into ``inf`` and the next normalization into
+NaN, while bf16 keeps float32's range; and bf16 probabilities and scores carry 8 significant
+bits, so close candidates tie unless the logits are upcast first.
+"""
+
+# %%
+# Setup
+# -----
+import torch
+
+from mpguide.autocast import device
+from mpguide.core.table import Table
+
+dev = device.pick()
+device.describe(dev)
+gen = torch.Generator(device=dev).manual_seed(0)
+
+# %%
+# Why does my bf16-trained model give NaN in fp16?
+# ------------------------------------------------
+# Asked in `finetrainers#182 <https://github.com/huggingface/finetrainers/issues/182>`__ ("Many
+# of the models were trained primarily in bf16, which makes them susceptible to going out of
+# range in fp16"), `DeepSeek-V2#93 <https://github.com/deepseek-ai/DeepSeek-V2/issues/93>`__,
+# `Pyramid-Flow#25 <https://github.com/jy0205/Pyramid-Flow/issues/25>`__,
+# `Qwen3#868 <https://github.com/QwenLM/Qwen3/issues/868>`__,
+# `G.O.D#1231 <https://github.com/gradients-ai/G.O.D/pull/1231>`__,
+# `efficientvit#110 <https://github.com/mit-han-lab/efficientvit/issues/110>`__,
+# `ml-engineering#41 <https://github.com/stas00/ml-engineering/issues/41>`__ and
+# `InternEvo#278 <https://github.com/InternLM/InternEvo/issues/278>`__, which ended in
+# ``RuntimeError: probability tensor contains either `inf`, `nan` or element < 0`` from
+# ``generate``. A block with one outlier feature (large activations in a few channels are
+# common in bf16-trained transformers): a projection, an RMS normalization, the logits, and
+# sampling.
+WIDTH, HIDDEN, VOCAB = 64, 256, 1000
+x = torch.randn(4, WIDTH, generator=gen, device=dev)
+x[:, 0] = 40.0  # the outlier channel
+w_in = torch.randn(WIDTH, HIDDEN, generator=gen, device=dev) / WIDTH**0.5
+w_in[0] = 2500.0  # reads the outlier: activations near 40 * 2500 = 1e5
+w_out = torch.randn(HIDDEN, VOCAB, generator=gen, device=dev) / HIDDEN**0.5
+
+
+def block(x, w_in, w_out):
+    h = x @ w_in
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)  # RMSNorm, no weight
+    return h @ w_out
+
+
+served = []
+for dt in (torch.float32, torch.bfloat16, torch.float16):
+    h = x.to(dt) @ w_in.to(dt)
+    logits = block(x.to(dt), w_in.to(dt), w_out.to(dt))
+    probs = torch.softmax(logits.float(), -1)
+    try:
+        torch.multinomial(probs, 1, generator=gen)
+        sampled = "sampled"
+    except RuntimeError as err:
+        sampled = f"RuntimeError: {err}"
+    served.append((str(dt).removeprefix("torch."), h.float().abs().max().item(),
+                   int(torch.isinf(h).sum()), int(torch.isnan(logits).sum()), sampled))
+fp16_nan = Table(("dtype", "max |activation|", "inf activations", "NaN logits", "sampling"),
+                 tuple(served), f"One outlier block served in three dtypes on {dev.type} "
+                                f"({device.LIVE}); fp16 max is {torch.finfo(torch.float16).max:g}")
+fp16_nan
+
+# %%
+f32_row, bf16_row, fp16_row = fp16_nan.records()
+assert f32_row["max |activation|"] > torch.finfo(torch.float16).max
+assert f32_row["NaN logits"] == bf16_row["NaN logits"] == 0 and bf16_row["inf activations"] == 0
+assert fp16_row["inf activations"] > 0 and fp16_row["NaN logits"] > 0
+assert "probability tensor contains either `inf`, `nan` or element < 0" in fp16_row["sampling"]
+print(f"on torch {torch.__version__} ({dev.type}): fp16 overflows to inf, the RMSNorm turns "
+      "inf into NaN, and sampling raises the reader's error; bf16 serves it")
+
+# %%
+# The activation is about ``40 * 2500 = 1e5``, above fp16's largest value (65504) but
+# nowhere near bf16's (3.4e38), whose exponent range is float32's. In fp16 it becomes
+# ``inf``; the normalization divides ``inf`` by ``sqrt(mean(inf**2)) = inf`` and produces NaN,
+# which reaches every logit of the row and the sampler, which refuses NaN probabilities.
+# bf16 -> fp16 is the risky direction (a bf16-trained model never had to keep its
+# activations below 65504); fp16 -> bf16 only costs precision (ml-engineering#41). Fixes:
+# serve in bf16; or keep the overflowing modules in float32 (find them with the per-module
+# report of :ref:`sphx_glr_docs_auto_examples_model_plot_02_finding_an_overflow.py`); or
+# scale before the matmul as attention does
+# (:ref:`sphx_glr_docs_auto_examples_inference_plot_02_fp16_overflow.py`).
+
+# %%
+# Should I upcast logits to float before softmax and sampling?
+# ------------------------------------------------------------
+# Asked in `transformers#27341 <https://github.com/huggingface/transformers/issues/27341>`__
+# ("Generate: should ``softmax`` be upcasted to ``.float()``?"),
+# `optimum-habana#1835 <https://github.com/huggingface/optimum-habana/pull/1835>`__ ("Keep logits
+# in bf16") and `sentence-transformers#3893
+# <https://github.com/huggingface/sentence-transformers/pull/3893>`__ (bf16 reranker scores
+# "collapse into spurious ties"). Logits of 32,000 tokens and 1,000 reranker scores, each
+# activated in bf16 and after ``.float()``:
+logits = 4 * torch.randn(32_000, generator=gen, device=dev)
+scores = 3 + torch.rand(1000, generator=gen, device=dev)  # relevance logits between 3 and 4
+exact_p = torch.softmax(logits.double(), -1)
+rows = []
+for how, lg, sc in (("bf16 logits, activated in bf16", logits.bfloat16(), scores.bfloat16()),
+                    ("bf16 logits, .float() first", logits.bfloat16().float(),
+                     scores.bfloat16().float()),
+                    ("float32 logits", logits, scores)):
+    p = torch.softmax(lg, -1)
+    top = torch.topk(p.double(), 50).values
+    s = torch.sigmoid(sc)
+    rows.append((how, ((p.double() - exact_p).abs() / exact_p).max().item(),
+                 int(torch.unique(top).numel()), int(torch.unique(s).numel())))
+upcast = Table(("how", "max relative error of p", "distinct values among top-50 p",
+                "distinct sigmoid scores of 1000"), tuple(rows),
+               f"softmax over 32,000 logits and sigmoid of 1,000 scores on {dev.type}")
+upcast
+
+# %%
+in_bf16, cast_first, f32 = upcast.records()
+assert in_bf16["distinct sigmoid scores of 1000"] < cast_first["distinct sigmoid scores of 1000"]
+assert in_bf16["max relative error of p"] > cast_first["max relative error of p"]
+assert in_bf16["distinct values among top-50 p"] <= cast_first["distinct values among top-50 p"]
+print(f"sigmoid in bf16 leaves {in_bf16['distinct sigmoid scores of 1000']} distinct scores of "
+      f"1000; after .float() {cast_first['distinct sigmoid scores of 1000']}")
+
+# %%
+# Softmax and sigmoid kernels compute in float32 internally, but a bf16 output keeps 8
+# significant bits. For the sigmoid that is what collapses the scores: values between 0.95
+# and 0.98 fall on a handful of bf16 numbers, so a reranker's candidates tie (the last column).
+# For the softmax most of the error is already in the bf16 logits (the middle row keeps it),
+# and activating in bf16 adds a little on top and merges close top-k probabilities. Upcast
+# the logits before the activation (one float32 vector per step); only a float32 model (last
+# row) also removes what rounding the logits lost. Where each dtype loses precision:
+# :ref:`sphx_glr_docs_auto_examples_inference_plot_01_serving_variants.py`.
+
+# %%
+# What we saw
+# -----------
+# - An outlier activation above 65504 is ``inf`` in fp16, NaN after the next normalization,
+#   and the sampler's ``probability tensor contains either inf, nan or element < 0``; bf16
+#   and float32 serve the same block.
+# - Sigmoid and softmax outputs in bf16 tie where float32 outputs of the same logits differ;
+#   upcast the logits before activating them.
+#
+# .. admonition:: References
+#
+#    :torchdoc:`type_info.html` (torch.finfo), :torchapi:`torch.multinomial`,
+#    :torchapi:`torch.softmax`, :torchapi:`torch.sigmoid`
