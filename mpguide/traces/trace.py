@@ -254,11 +254,27 @@ def size_text(n: int) -> str:
 
 
 def _too_large(where: str, max_bytes: int, size: int | None = None) -> MPGuideError:
-    what = "more than" if size is None else f"{size_text(size)}, more than"
+    cap = size_text(max_bytes)
+    if size is not None and size_text(size) == cap:  # rounding hides the difference
+        what, cap = f"{size:,} bytes, more than", f"{max_bytes:,} bytes"
+    else:
+        what = "more than" if size is None else f"{size_text(size)}, more than"
     return MPGuideError(
-        f"{where}: {what} {size_text(max_bytes)}{' decompressed' if size is None else ''}, the "
+        f"{where}: {what} {cap}{' decompressed' if size is None else ''}, the "
         "cap on a trace's size; raise it with --max-bytes (max_bytes= in Python)"
     )
+
+
+@contextmanager
+def _read_errors(where: str) -> Iterator[None]:
+    """An error reading ``where`` (an I/O error, a device that refuses reads) as one line
+    naming it."""
+    try:
+        yield
+    except MPGuideError:
+        raise
+    except OSError as err:
+        raise MPGuideError(f"{where}: cannot read it ({err.strerror or err})") from None
 
 
 def _file_size(path: Path) -> int:
@@ -287,7 +303,7 @@ def _opened(source: Source) -> Iterator[BinaryIO]:
         f = open(source, "rb")  # noqa: SIM115 -- closed below
     except OSError as err:
         raise MPGuideError(f"{source}: cannot read it ({err.strerror or err})") from None
-    with f:
+    with f, _read_errors(str(source)):
         yield f
 
 
@@ -331,6 +347,7 @@ def _filler(
             read = f.readinto
         total = 0
 
+        @_read_errors(where)
         def fill(view: memoryview) -> int:
             nonlocal total
             if stop is not None:
