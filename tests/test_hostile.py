@@ -195,7 +195,7 @@ def test_a_tree_too_deep_for_json_is_one_line(tmp_path, capsys):
     path = write_trace(tmp_path / "chain.json", *[op("a", 1.0, 1.0)] * 1500)  # nest in a chain
     assert main(["tree", path, "--format", "json", "--limit", "0"]) == 2
     one_line(capsys, "--depth")
-    assert main(["tree", path, "--format", "json", "--depth", "50"]) == 0
+    assert main(["tree", path, "--format", "json", "--depth", "50", "--limit", "0"]) == 0
     assert json.loads(capsys.readouterr().out)["shown"] == 51
 
 
