@@ -169,9 +169,9 @@ def _tree(args: argparse.Namespace) -> str | Iterator[str]:
 
 def _drawn(tree, roots, fields: list[str], limit: int | None, shape: dict, total: int):
     """The text tree's lines, drawn as they are written, then what was not shown."""
-    from mpguide.traces import calltree
-
     import shutil
+
+    from mpguide.traces import calltree
 
     width = max(shutil.get_terminal_size((100, 24)).columns, 20)
     drawn = calltree.Drawn()

@@ -69,8 +69,9 @@ def test_undecodable_bytes_and_missing_times_are_counted(tmp_path, capsys):
     path.write_bytes(json.dumps(doc).encode().replace(b"a.py", b"a\xff.py"))
     assert main(["tree", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.endswith("hidden: 2 python_function events (--python shows them)\n"
-                        "anomalies: replaced 2\n")
+    assert out.endswith(
+        "hidden: 2 python_function events (--python shows them)\nanomalies: replaced 2\n"
+    )
     assert main(["casts", str(path)]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("casts by cause") and captured.err == (

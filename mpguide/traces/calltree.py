@@ -329,11 +329,19 @@ class Tree:
 
     def roots(self) -> dict[tuple[int | str, int | str], list[Node]]:
         """Each (pid, tid)'s root nodes in time order."""
-        out: dict[tuple[int | str, int | str], list[Node]] = {}
+        return {key: [Node(self, i) for i in ids.tolist()] for key, ids in self._root_ids().items()}
+
+    def _root_ids(self) -> dict[tuple[int | str, int | str], np.ndarray]:
+        """Each (pid, tid)'s root ids in time order, grouped by array operations."""
         pid, tid = self.trace.pid, self.trace.tid
-        for i in self.order[self.parent[self.order] < 0].tolist():
-            out.setdefault((pid.value(i), tid.value(i)), []).append(Node(self, i))
-        return out
+        ids = self.order[self.parent[self.order] < 0]
+        thread = pid.codes[ids] * max(len(tid.values), 1) + tid.codes[ids]
+        _, seen_first = np.unique(thread, return_index=True)
+        by_thread = np.argsort(thread, kind="stable")
+        groups = np.split(ids[by_thread], np.flatnonzero(np.diff(thread[by_thread])) + 1)
+        order = np.argsort(seen_first, kind="stable")  # threads in order of their first root
+        groups = [groups[k] for k in order.tolist()] if len(ids) else []
+        return {(pid.value(g[0]), tid.value(g[0])): g for g in groups}
 
     def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
@@ -356,11 +364,13 @@ class Tree:
         live = np.flatnonzero(up >= 0)
         while len(live):
             a = up[live]
+            done = np.ones(len(live), dtype=bool)
             for mask, out in zip(masks, found, strict=True):
                 hit = (out[live] < 0) & mask[a]
                 out[live[hit]] = a[hit]
+                done &= out[live] >= 0
             up[live] = self.parent[a]
-            live = live[up[live] >= 0]
+            live = live[(up[live] >= 0) & ~done]  # an id found in every mask walks no further
         return found
 
     def sequence_numbers(self, ids: np.ndarray) -> np.ndarray:
@@ -498,23 +508,33 @@ class Tree:
         """How many nodes :meth:`lines` shows without a limit (those in chains included)."""
         ids, offsets = self._children
         visible = self._visible(gpu)
-        frontier = np.array([n.id for _, nodes in self._groups(root, gpu) for n in nodes], int)
+        groups = self._groups(root, gpu)
+        frontier = np.concatenate([g for _, g in groups]) if groups else np.zeros(0, np.int64)
         total, level = len(frontier), 0
         while len(frontier) and (depth is None or level < depth):
-            first, n_kids = offsets[frontier], offsets[frontier + 1] - offsets[frontier]
-            at = np.repeat(first - np.cumsum(n_kids) + n_kids, n_kids) + np.arange(n_kids.sum())
-            frontier = ids[at][visible[ids[at]]]
+            if len(frontier) == 1:  # a chain: a level costs microseconds
+                f = int(frontier[0])
+                frontier = ids[offsets[f] : offsets[f + 1]]
+                frontier = frontier[visible[frontier]]
+            else:
+                first, n_kids = offsets[frontier], offsets[frontier + 1] - offsets[frontier]
+                at = np.repeat(first - np.cumsum(n_kids) + n_kids, n_kids)
+                at += np.arange(len(at))
+                frontier = ids[at][visible[ids[at]]]
             total, level = total + len(frontier), level + 1
         return total
 
-    def _groups(self, root, gpu: bool) -> list[tuple[str, list[Node]]]:
+    def _groups(self, root, gpu: bool) -> list[tuple[str, np.ndarray]]:
+        """The roots drawn, by thread with its title (one untitled group for ``root``)."""
         if root is None:
+            visible = self._visible(gpu)
             groups = [
-                (f"process {pid}, thread {tid}", [n for n in nodes if gpu or not n.is_gpu])
-                for (pid, tid), nodes in self.roots().items()
+                (f"process {pid}, thread {tid}", ids[visible[ids]])
+                for (pid, tid), ids in self._root_ids().items()
             ]
-            return [(title, nodes) for title, nodes in groups if nodes]
-        return [("", [root] if isinstance(root, Node) else list(root))]
+            return [(title, ids) for title, ids in groups if len(ids)]
+        nodes = [root] if isinstance(root, Node) else list(root)
+        return [("", np.array([n.id for n in nodes], dtype=np.int64))]
 
     def _shown(
         self, root, depth: int | None, gpu: bool, collapse: bool = False
@@ -536,34 +556,29 @@ class Tree:
             return hidden + guides + ("└── " if last else "├── ")
 
         for title, nodes in self._groups(root, gpu):
-            # (id, guides drawn before the branch, last of its siblings, level, drawn level)
-            stack = [(n.id, "", k == len(nodes) - 1, 0, 0) for k, n in enumerate(nodes)][::-1]
-            while stack:
-                i, guides, last, level, drawn_level = stack.pop()
-                yield title, i, before(guides, drawn_level, last), level, 0
-                title = ""
-                if depth is not None and level >= depth:
-                    continue
-                below = kids(i)
-                inner = (guides + ("    " if last else "│   "))[-4 * INDENT :]
-                if collapse and len(below) == 1:
-                    chain = [below[0]]
-                    while depth is None or level + len(chain) < depth:
-                        after = kids(chain[-1])
-                        if len(after) != 1:
-                            break
-                        chain.append(after[0])
+            count = len(nodes)
+            for k, first in enumerate(nodes.tolist()):
+                # (id, guides drawn before the branch, last of its siblings, level, drawn level)
+                stack = [(first, "", k == count - 1, 0, 0)]
+                while stack:
+                    i, guides, last, level, drawn_level = stack.pop()
+                    yield title, i, before(guides, drawn_level, last), level, 0
+                    title = ""
+                    if depth is not None and level >= depth:
+                        continue
+                    below = kids(i)
+                    inner = (guides + ("    " if last else "│   "))[-4 * INDENT :]
+                    chain = _chain(below, kids, level, depth) if collapse else []
                     if len(chain) > CHAIN:
                         yield "", chain[0], before(inner, drawn_level + 1, True), level + 1, 0
                         inner = (inner + "    ")[-4 * INDENT :]
                         yield "", -1, before(inner, drawn_level + 2, False), -1, len(chain) - 2
                         stack.append((chain[-1], inner, True, level + len(chain), drawn_level + 2))
                         continue
-                n = len(below)
-                stack.extend(
-                    (c, inner, k == n - 1, level + 1, drawn_level + 1)
-                    for k, c in reversed(list(enumerate(below)))
-                )
+                    stack.extend(
+                        (c, inner, j == len(below) - 1, level + 1, drawn_level + 1)
+                        for j, c in reversed(list(enumerate(below)))
+                    )
 
     def html(self, root: Node | Sequence[Node] | None = None, **kw: Any) -> str:
         """The text rendering in a ``<pre>`` block, for notebooks and the site."""
@@ -575,6 +590,20 @@ class Tree:
 
     def _repr_html_(self) -> str:
         return f"<p>{escape(repr(self))}</p>"
+
+
+def _chain(below: list[int], kids: Callable[[int], list[int]], level: int, depth) -> list[int]:
+    """The chain of nodes of one child each that starts at a node's only child ``below``,
+    down to the first node with no child or several, within ``depth``; [] for none."""
+    if len(below) != 1:
+        return []
+    chain = below[:]
+    while depth is None or level + len(chain) < depth:
+        after = kids(chain[-1])
+        if len(after) != 1:
+            break
+        chain.append(after[0])
+    return chain
 
 
 def _fields(node: Node, names: Sequence[str]) -> dict[str, Any]:
