@@ -156,7 +156,8 @@ def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     event = b'{"ph":"X","name":"a","ts":1,"dur":1,"args":{"s":"%s"}},' % (b"x" * 350)
     path = tmp_path / "fat.json"
     path.write_bytes(b"[" + event * (60 * MiB // len(event)) + b'{"ph":"X"}]')
-    refused(capped(tmp_path, "tree", str(path), "--limit", "1", mem_mb=170), "out of memory")
+    # refused by the estimate before the decode, or by MemoryError if the estimate is low
+    refused(capped(tmp_path, "tree", str(path), "--limit", "1", mem_mb=170), "memory")
     small = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
 
     def exhausted(*args, **kwargs):
@@ -676,3 +677,37 @@ def test_a_chain_of_100k_nested_events_draws_in_linear_memory(tmp_path):
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     out = proc.stdout.decode()
     assert len(out) < 20000 * 110 and f"[+{10_000 - 1 - calltree.INDENT}]" in out
+
+
+# Memory bounded by the events a trace holds, not only by its bytes
+
+
+def test_many_tiny_events_under_the_byte_cap_are_refused_in_seconds(tmp_path):
+    events = TINY * (MiB // len(TINY))
+    bomb = tmp_path / "tiny.json.gz"  # 1.9 GiB of tiny events (55 million) in 6 MB
+    bomb.write_bytes(gzip_members((b"[", 1), (events, 1950), (b'{"ph":"X"}]', 1)))
+    for command in ("casts", "tree"):
+        proc = capped(tmp_path, command, str(bomb), "--limit", "10", mem_mb=1024)
+        err = refused(proc, "events (projected from the first", "would need about", "ulimit -v")
+        assert "256 bytes an event" in err and proc.seconds < 30
+    plain = tmp_path / "tiny.json"  # 2.7 million events in 100 MiB, counted before decoding
+    plain.write_bytes(b"[" + events * 100 + b'{"ph":"X"}]')
+    proc = capped(tmp_path, "casts", str(plain), mem_mb=512)
+    refused(proc, "about 2,", "events would need about")
+    assert proc.seconds < 30
+    small = tmp_path / "small.json.gz"  # 110,000 events fit in 512 MiB
+    small.write_bytes(gzip_members((b"[", 1), (events, 4), (b'{"ph":"X"}]', 1)))
+    proc = capped(tmp_path, "casts", str(small), mem_mb=512)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+
+
+def test_the_memory_estimate_is_checked_as_a_stream_is_read(monkeypatch, capsys):
+    events = TINY * 100_000 + b'{"ph":"X"}]'
+    monkeypatch.setattr(
+        sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"[" + events)))
+    )
+    monkeypatch.setattr(
+        "mpguide.traces.trace.available_memory", lambda: (10 << 20, "a test's limit")
+    )
+    assert main(["tree", "-"]) == 2
+    one_line(capsys, "<stream>: about 100,001 events would need", "a test's limit")
