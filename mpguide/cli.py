@@ -456,7 +456,8 @@ def _rank_options(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--jobs",
         type=int,
-        help="for a directory: traces read at once, one process each (default: one per core)",
+        help="for a directory: traces read at once, one process each (default and most: one "
+        "per core, fewer where the free memory would not hold that many of its largest trace)",
     )
     s.add_argument(
         "--scheduler",

@@ -711,3 +711,23 @@ def test_the_memory_estimate_is_checked_as_a_stream_is_read(monkeypatch, capsys)
     )
     assert main(["tree", "-"]) == 2
     one_line(capsys, "<stream>: about 100,001 events would need", "a test's limit")
+
+
+def test_jobs_are_capped_at_the_cores_and_the_memory(tmp_path, monkeypatch, capsys):
+    from mpguide.traces import ranks
+
+    for k in range(3):
+        tracegen.write(tmp_path / f"rank{k}.json", 40, seed=k)
+    cores = ranks._cores()
+    found = ranks.trees_of_ranks(tmp_path, jobs=40)
+    assert found.how.startswith("read by ") and "--jobs 40 capped at" in found.how
+    assert f"read by {min(cores, 3)} processes" in found.how or cores == 1
+    monkeypatch.setattr(
+        "mpguide.traces.trace.available_memory", lambda: (150 << 20, "a test's limit")
+    )
+    assert ranks.most_jobs(ranks.files(tmp_path))[0] == 1
+    found = ranks.trees_of_ranks(tmp_path, jobs=40)
+    assert found.how == "read by this process (--jobs 40 capped at what 150 MiB of memory holds)"
+    with pytest.raises(SystemExit):
+        main(["tree", "--help"])
+    assert "fewer where the free memory" in " ".join(capsys.readouterr().out.split())

@@ -30,6 +30,7 @@ import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -421,9 +422,45 @@ def _read(folder, work: Callable[[str], Row], jobs, scheduler, progress) -> Rank
     if scheduler is not None:
         rows, how = _on_cluster(work, paths, scheduler, progress)
     else:
-        rows, how = _on_cores(work, paths, jobs or _cores(), progress)
+        most, why = most_jobs(found)
+        rows, how = _on_cores(work, paths, min(jobs or most, most), progress)
+        if jobs is not None and jobs > most and len(paths) > most:
+            how += f" (--jobs {jobs} capped at {why})"
     rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.file))
     return Ranks(str(folder), tuple(rows), how, tuple(skipped))
+
+
+PER_PROCESS = 100 << 20
+"""What a pool's process takes before it reads a trace: the interpreter, numpy, msgspec."""
+GZIP_RATIO = 10
+"""How many bytes a profiler's ``.json.gz`` holds per byte of file, about (for the memory
+a process reading it will take, before it is read)."""
+
+
+def most_jobs(paths: Sequence[Path]) -> tuple[int, str]:
+    """How many of ``paths`` may be read at once, one process each, and why no more: one
+    per core this process may use, and no more than the memory free holds when each holds
+    the largest trace (:data:`mpguide.traces.trace.BYTES_PER_EVENT` an event; a
+    gzip's events estimated from its size, :data:`GZIP_RATIO`)."""
+    cores = _cores()
+    free = trace_file.available_memory()
+    if free is None or not paths:
+        return cores, f"the {cores} cores"
+    largest = 0
+    for path in paths:
+        with suppress(OSError):
+            with path.open("rb") as f:
+                gz = f.read(2) == b"\x1f\x8b"
+            if gz:
+                events = path.stat().st_size * GZIP_RATIO // 300
+            else:
+                events = trace_file.count_events(path)
+            largest = max(largest, events)
+    each = PER_PROCESS + trace_file.estimated_memory(largest)
+    fit = max(free[0] // each, 1)
+    if fit < cores:
+        return int(fit), f"what {trace_file.size_text(free[0])} of memory holds"
+    return cores, f"the {cores} cores"
 
 
 def _cores() -> int:

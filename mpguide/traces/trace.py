@@ -538,13 +538,18 @@ def count_events(path: Path) -> int:
     return seen * size // (3 * _SAMPLE)
 
 
+def estimated_memory(events: int) -> int:
+    """The most memory that reading, nesting and reporting ``events`` events takes."""
+    return _BASE_MEMORY + events * BYTES_PER_EVENT
+
+
 def check_memory(
     where: str, events: int, found: tuple[int, str] | None = None, how: str = "", margin=1.0
 ) -> None:
     """MPGuideError when ``events`` events (``how`` they were counted) would need more
     than ``margin`` times the memory this process may take (``found``, else
     :func:`available_memory`), saying how much and what bounds it."""
-    need = _BASE_MEMORY + events * BYTES_PER_EVENT
+    need = estimated_memory(events)
     found = found or available_memory()
     if found is None or need <= margin * found[0]:
         return
