@@ -123,6 +123,7 @@ def main(argv: list[str]) -> None:
         bomb = Path(folder) / "tiny_55m.json.gz"
         events = write_bomb(bomb)
         got = run(["casts", str(bomb)], BOMB_LIMIT)
+        got["error"] = got["error"].replace(f"{folder}/", "")
         record["bomb"] = {"events": events, "gzip_bytes": bomb.stat().st_size, **got}
         print("bomb", record["bomb"], flush=True)
     for name in COMMANDS:
