@@ -731,3 +731,18 @@ def test_jobs_are_capped_at_the_cores_and_the_memory(tmp_path, monkeypatch, caps
     with pytest.raises(SystemExit):
         main(["tree", "--help"])
     assert "fewer where the free memory" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_141_and_silence(tmp_path):
+    path = tracegen.write(tmp_path / "t.json", 3000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpguide", "tree", str(path), "--limit", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    with proc.stdout, proc.stderr:
+        assert proc.stdout.readline()  # as `| head -1` does, then it stops reading
+        proc.stdout.close()
+        err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == b""
