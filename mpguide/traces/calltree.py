@@ -272,7 +272,13 @@ def _absolute_ns(ts: np.ndarray) -> np.ndarray:
     they are converted apart.
     """
     whole = np.floor(ts)
-    return whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(np.int64)
+    fraction = ts - whole
+    fraction *= 1000.0
+    ns = whole.astype(np.int64)
+    del whole
+    ns *= 1000
+    ns += np.rint(fraction, out=fraction).astype(np.int64)
+    return ns
 
 
 class Tree:
@@ -902,17 +908,21 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
     hidden = {c: k for c, k in zip(cats, per_cat, strict=True) if c in left_out and k}
     is_gpu = np.isin(cat, [k for k, c in enumerate(cats) if c in GPU_CATEGORIES])
     runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in RUNTIME_CATEGORIES])
-    rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int64)[cat]
+    rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int8)[cat]
     timed = ~(np.isnan(trace.ts) | np.isnan(trace.dur))
     ts, dur = np.where(timed, trace.ts, 0.0), np.where(timed, trace.dur, 0.0)
     with np.errstate(over="ignore", invalid="ignore"):  # the check is for such times
         bad = ~((np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US))
     if bad.any():
         raise _bad_time(trace, int(np.flatnonzero(bad)[0]))
-    absolute = _absolute_ns(ts)
-    base = int(absolute[timed].min()) if timed.any() else 0
-    start = absolute - base
-    end = start + np.rint(dur * 1000.0).astype(np.int64)
+    del bad  # memory: the arrays of n events are freed as soon as they are done with
+    start = _absolute_ns(ts)
+    base = int(start[timed].min()) if timed.any() else 0
+    start -= base
+    dur *= 1000.0
+    end = np.rint(dur, out=dur).astype(np.int64)
+    end += start
+    del ts, dur
     no_time = int((included & ~timed).sum())
     included &= timed
     thread = trace.pid.codes * len(trace.tid.values) + trace.tid.codes
@@ -929,6 +939,7 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
 
     nested = np.flatnonzero(included & ~linked)
     nested = _time_order(nested, start, end, rank, thread)
+    del rank
     depth = np.zeros(n, dtype=np.int64)
     seen: Counter = Counter()
     bounds = np.flatnonzero(np.diff(thread[nested])) + 1
@@ -937,6 +948,7 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
         parent[ids] = np.where(par >= 0, ids[par], -1)
         depth[ids] = dep
         seen += counts
+    del start, end, thread
     linked_ids = np.flatnonzero(linked)
     depth[linked_ids] = depth[parent[linked_ids]] + 1
     order = np.concatenate((nested, linked_ids))
