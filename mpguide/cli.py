@@ -508,7 +508,9 @@ def parser() -> argparse.ArgumentParser:
         "tree",
         help="print the call tree of a chrome trace from torch.profiler",
         description="Print the call tree of a chrome trace (.json or .json.gz) from "
-        "torch.profiler, with the anomalies met while nesting it.",
+        "torch.profiler: each node with its duration and fields, lines cut to the terminal's "
+        "width, long chains of single children collapsed; then how many events of the layers "
+        "left out are hidden and the anomalies met while nesting it.",
     )
     s.add_argument("trace", help=_TRACE_HELP)
     _add_max_bytes(s)
