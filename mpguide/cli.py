@@ -16,7 +16,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 from mpguide import MPGuideError, __version__, error_line
@@ -25,8 +25,32 @@ from mpguide.core.table import FORMATS, escape_controls
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
 
 
+_NUMBER = re.compile(r"-\d+(\.\d*)?")
+
+
 class _Parser(argparse.ArgumentParser):
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _unknown(self) -> list[str]:
+        """The options in the command line that this parser does not know."""
+        words = getattr(self, "_argv", [])
+        words = words[: words.index("--")] if "--" in words else words
+        known = self._option_string_actions
+        return [
+            w
+            for w in words
+            if w.startswith("-")
+            and w != "-"
+            and not _NUMBER.fullmatch(w)
+            and not any(k.startswith(w.split("=")[0]) for k in known)
+        ]
+
     def error(self, message: str):
+        unknown = self._unknown()
+        if unknown and not message.startswith("unrecognized arguments"):
+            message = f"unrecognized arguments: {' '.join(unknown)} ({message})"
         raise MPGuideError(message)
 
 
@@ -90,10 +114,11 @@ def _load(args: argparse.Namespace, args_of=None):
     return trace.load(sys.stdin.buffer, args_of=args_of, max_bytes=cap)
 
 
-def _tree(args: argparse.Namespace) -> str:
+def _tree(args: argparse.Namespace) -> str | Iterator[str]:
     import dataclasses
 
     import msgspec
+    import numpy as np
 
     if _is_folder(args):
         if args.id is not None or args.depth is not None:
@@ -115,20 +140,23 @@ def _tree(args: argparse.Namespace) -> str:
         found = tree.find(args.op)
         if not found:
             raise MPGuideError(f"no op named {args.op!r} in {args.trace}")
-        roots = [n for n in found if all(a.name != args.op for a in n.ancestors())]
+        ids = np.array([n.id for n in found], dtype=np.int64)
+        (outer,) = tree.nearest(ids, tree.named(args.op.__eq__))
+        roots = [n for n, above in zip(found, outer.tolist(), strict=True) if above < 0]
     else:
         roots = None
     fields = [f.strip() for f in args.fields.split(",") if f.strip()]
     shape = {"depth": args.depth, "gpu": args.gpu}
     total, limit = tree.count(roots, **shape), args.limit or None
-    shown = min(total, limit or total)
     if args.format == "json":
+        shown = min(total, limit or total)
         doc = {
             "source": str(args.trace),
             "nodes": tree.nested(roots, fields=fields, limit=limit, **shape),
             "shown": shown,
             "total": total,
             "anomalies": dataclasses.asdict(tree.anomalies),
+            "hidden": tree.hidden,
         }
         try:
             return msgspec.json.encode(doc).decode()
@@ -136,13 +164,30 @@ def _tree(args: argparse.Namespace) -> str:
             raise MPGuideError(
                 "the tree nests too deeply for JSON; show fewer levels with --depth"
             ) from None
-    lines = [tree.render(roots, fields=fields, limit=limit, **shape)]
-    if shown < total:
-        lines.append(
-            f"... {total - shown:,} more nodes not shown ({shown:,} of {total:,}): "
-            "--limit 0 shows all; --depth, --op or --id narrows"
+    return _drawn(tree, roots, fields, limit, shape, total)
+
+
+def _drawn(tree, roots, fields: list[str], limit: int | None, shape: dict, total: int):
+    """The text tree's lines, drawn as they are written, then what was not shown."""
+    import shutil
+
+    from mpguide.traces import calltree
+
+    width = max(shutil.get_terminal_size((100, 24)).columns, 20)
+    drawn = calltree.Drawn()
+    for line in tree.lines(roots, fields=fields, limit=limit, drawn=drawn, **shape):
+        yield line if len(line) <= width else line[: width - 1] + "…"
+    if drawn.nodes < total:
+        chained = f", {drawn.chained:,} of them in chains" if drawn.chained else ""
+        more = "--limit 0 shows all; " if limit is not None and drawn.nodes >= limit else ""
+        yield (
+            f"... {total - drawn.nodes:,} more nodes not shown ({drawn.nodes:,} of {total:,}"
+            f"{chained}): {more}--depth, --op or --id narrows"
         )
-    return "\n".join([*lines, repr(tree.anomalies)])
+    for cat, n in tree.hidden.items():
+        shows = "--python" if cat == calltree.PYTHON else "the Python API"
+        yield f"hidden: {n:,} {cat} events ({shows} shows them)"
+    yield repr(tree.anomalies)
 
 
 def _is_folder(args: argparse.Namespace) -> bool:
@@ -178,7 +223,10 @@ def _across(args: argparse.Namespace) -> dict:
 def _ranks_out(found, fmt: str) -> str:
     for row in found.rows:
         for loss in row.losses:
-            print(f"mpguide: note: {row.file}: {loss}", file=sys.stderr)
+            print(f"mpguide: note: {escape_controls(row.file)}: {loss}", file=sys.stderr)
+    if fmt == "csv":  # CSV has no place for them
+        for skipped in found.skipped:
+            print(f"mpguide: note: {escape_controls(skipped)}", file=sys.stderr)
     return found.render(fmt)
 
 
@@ -202,6 +250,7 @@ def _casts(args: argparse.Namespace) -> str:
     return table.render(args.format)
 
 
+VARIANTS = "fp32, bf16, fp16, autocast-bf16, autocast-fp16"
 SPEC = "FILE.py:NAME or package.module:NAME"
 """How every command names the reader's code; importing it runs its top-level code."""
 
@@ -280,11 +329,13 @@ def _inference(args: argparse.Namespace) -> str:
     from mpguide.models import inference
 
     dev = device.resolve(args.device) if args.device else device.pick()
-    variants = (
-        [inference.variant(n) for n in args.variants.split(",")]
-        if args.variants
-        else list(inference.standard(dev))
-    )
+    if args.variants is None:
+        variants = list(inference.standard(dev))
+    else:
+        names = [n.strip() for n in args.variants.split(",") if n.strip()]
+        if not names:
+            raise MPGuideError(f"--variants names none: give some of {VARIANTS}, or leave it out")
+        variants = [inference.variant(n) for n in names]
     if args.repeat < 1 or args.warmup < 0:
         raise MPGuideError(
             f"need --repeat >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}"
@@ -405,7 +456,8 @@ def _rank_options(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--jobs",
         type=int,
-        help="for a directory: traces read at once, one process each (default: one per core)",
+        help="for a directory: traces read at once, one process each (default and most: one "
+        "per core, fewer where the free memory would not hold that many of its largest trace)",
     )
     s.add_argument(
         "--scheduler",
@@ -456,7 +508,9 @@ def parser() -> argparse.ArgumentParser:
         "tree",
         help="print the call tree of a chrome trace from torch.profiler",
         description="Print the call tree of a chrome trace (.json or .json.gz) from "
-        "torch.profiler, with the anomalies met while nesting it.",
+        "torch.profiler: each node with its duration and fields, lines cut to the terminal's "
+        "width, long chains of single children collapsed; then how many events of the layers "
+        "left out are hidden and the anomalies met while nesting it.",
     )
     s.add_argument("trace", help=_TRACE_HELP)
     _add_max_bytes(s)
@@ -472,9 +526,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--limit",
         type=int,
-        default=2000,
-        help="most nodes shown, depth first, so that a trace of millions of events prints in "
-        "seconds; a last line says how many more there are (default %(default)s; 0 for all)",
+        default=50,
+        help="most nodes shown, depth first; a line then says how many more there are "
+        "(default %(default)s; 0 for all)",
     )
     s.add_argument("--python", action="store_true", help="include python_function events")
     s.add_argument("--gpu", action="store_true", help="show GPU kernels and memcpys")
@@ -538,8 +592,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--variants",
         metavar="NAMES",
-        help="comma-separated, from fp32, bf16, fp16, autocast-bf16, autocast-fp16, "
-        "each optionally with +compile (default: all but autocast-fp16 on the CPU)",
+        help=f"comma-separated, from {VARIANTS}, each optionally with +compile (default: all "
+        "but autocast-fp16 on the CPU)",
     )
     s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
     s.add_argument("--warmup", type=int, default=3, help="calls before timing (default 3)")
@@ -674,7 +728,18 @@ def _signals_end_the_command() -> Iterator[None]:
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
+_STARTED = [os.getpid()]
+"""The process that runs the command: only it writes (the reader's code may fork)."""
+
+
+def _only_the_first(status: int) -> None:
+    """End a process forked from the command's (by the reader's code) without a word."""
+    if os.getpid() != _STARTED[0]:
+        os._exit(status)
+
+
 def _said(line: str, status: int) -> int:
+    _only_the_first(status)
     print(f"mpguide: {escape_controls(line)}", file=sys.stderr)
     return status
 
@@ -685,25 +750,73 @@ def _drop_stdout() -> None:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())
         os.close(null)
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         pass  # not a file (a test's capture): nothing is flushed at exit
 
 
-def _write(out: str) -> int:
+_ASCII = str.maketrans({"└": "`", "├": "|", "│": "|", "─": "-", "µ": "u", "×": "x", "…": "..."})
+"""What the output's own characters become where stdout's encoding cannot carry them."""
+_BATCH = 1 << 16
+
+
+def _encodable(text: str, encoding: str) -> str:
+    """``text`` as ``encoding`` can carry it: the output's box-drawing characters and units
+    in ASCII, other characters escaped (``\\u2603``)."""
     try:
-        sys.stdout.write(out if out.endswith("\n") else out + "\n")
-        sys.stdout.flush()
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.translate(_ASCII)
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: ASCII is safe
+        return _encodable(text, "ascii")
+    return text
+
+
+def _pieces(out: str | Iterable[str]) -> Iterator[str]:
+    """The output in pieces of about :data:`_BATCH` characters, each ending in a newline."""
+    if isinstance(out, str):
+        yield out if out.endswith("\n") else out + "\n"
+        return
+    batch, size = [], 0
+    for line in out:
+        batch.append(line)
+        size += len(line) + 1
+        if size >= _BATCH:
+            yield "\n".join(batch) + "\n"
+            batch, size = [], 0
+    if batch:
+        yield "\n".join(batch) + "\n"
+
+
+def _write(out: str | Iterable[str]) -> int:
+    """Write the output (a string, or lines made as they are written) to stdout in what
+    its encoding carries; the exit status."""
+    _only_the_first(0)
+    stdout = sys.stdout
+    if stdout is None or getattr(stdout, "closed", False):
+        return _said("error: cannot write the output: stdout is closed", 2)
+    encoding = getattr(stdout, "encoding", None) or "utf-8"
+    utf = encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
+    try:
+        for piece in _pieces(out):
+            stdout.write(piece if utf else _encodable(piece, encoding))
+        stdout.flush()
     except BrokenPipeError:  # whoever read the output stopped reading: end as a pipe would
         _drop_stdout()
         return 128 + 13
     except OSError as err:
         _drop_stdout()
         return _said(f"error: cannot write the output: {err}", 2)
+    except ValueError as err:  # closed meanwhile (by the reader's code)
+        if not getattr(stdout, "closed", False):
+            raise
+        return _said(f"error: cannot write the output: stdout is closed ({err})", 2)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
+    _STARTED[0] = os.getpid()
     try:
         with _signals_end_the_command():
             args = parser().parse_args(argv)

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,11 @@ def test_tree_of_an_op_with_fields_and_depth(capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert out.startswith("└── aten::matmul  Input type: ['c10::BFloat16', 'float']")
-    assert "├── aten::to  Input type: ['float'," in out
+    duration = r"\d+(\.\d+)? (ns|µs|ms|s)"
+    assert re.match(rf"└── aten::matmul  {duration}  Input type: \['c10::BFloat16', 'float'\]", out)
+    assert re.search(rf"├── aten::to  {duration}  Input type: \['float',", out)
     assert "_to_copy" not in out and "Input Dims" not in out
-    assert out.rstrip().splitlines()[-1].startswith("anomalies: overlaps 0")
+    assert out.rstrip().splitlines()[-1] == "anomalies: none"
 
 
 def test_tree_by_id(capsys):
@@ -33,17 +35,17 @@ def test_tree_by_id(capsys):
 
 def test_tree_is_limited_and_says_what_it_left_out(tmp_path, capsys):
     path = tracegen.write(tmp_path / "t.json", 300)
-    assert main(["tree", str(path), "--fields", ""]) == 0
+    assert main(["tree", str(path), "--fields", "", "--limit", "0"]) == 0
     whole = capsys.readouterr().out.splitlines()
-    assert main(["tree", str(path), "--fields", "", "--limit", "50"]) == 0
+    assert main(["tree", str(path), "--fields", ""]) == 0  # 50 nodes by default
     lines = capsys.readouterr().out.splitlines()
     total = len(whole) - 2  # less the thread title and the anomalies
     assert lines[:51] == whole[:51]
     assert lines[-2] == f"... {total - 50:,} more nodes not shown (50 of {total:,}): " + (
         "--limit 0 shows all; --depth, --op or --id narrows"
     )
-    assert main(["tree", str(path), "--limit", "0", "--fields", ""]) == 0
-    assert capsys.readouterr().out.splitlines() == whole
+    assert main(["tree", str(path), "--limit", "7", "--fields", ""]) == 0
+    assert capsys.readouterr().out.splitlines()[:8] == whole[:8]
 
 
 def test_tree_as_json(tmp_path, capsys):
@@ -67,7 +69,9 @@ def test_undecodable_bytes_and_missing_times_are_counted(tmp_path, capsys):
     path.write_bytes(json.dumps(doc).encode().replace(b"a.py", b"a\xff.py"))
     assert main(["tree", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "replaced 2" in out and "no time 0" in out and "left out 2" in out
+    assert out.endswith(
+        "hidden: 2 python_function events (--python shows them)\nanomalies: replaced 2\n"
+    )
     assert main(["casts", str(path)]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("casts by cause") and captured.err == (

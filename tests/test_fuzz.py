@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 from mpguide.cli import main
 from mpguide.traces import trace
 
-CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+CONTROL = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]"
+)
 PEAK = 96 << 20
 """The most memory one command may take beyond what the process held before it, on these
 small inputs: the documents are at most a few hundred kilobytes, the inflated ones 4 MiB."""

@@ -21,14 +21,16 @@ import pytest
 from conftest import ROOT
 
 from mpguide.cli import main
-from mpguide.traces import tracegen
+from mpguide.traces import calltree, tracegen
 
 MiB = 1 << 20
 TINY = b'{"ph":"X","name":"a","ts":1,"dur":1},'
 """One small complete event and its comma."""
-CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-"""Characters that move a terminal's cursor, set its title or colours, or reorder text: all
-but the newline that ends each line."""
+CONTROL = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]"
+)
+"""Characters that move a terminal's cursor, set its title or colours, reorder or hide text:
+all but the newline that ends each line."""
 
 # Runs ``python -m mpguide ARGS`` with its address space capped at argv[1] MiB.
 _CAPPED = """
@@ -154,7 +156,8 @@ def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     event = b'{"ph":"X","name":"a","ts":1,"dur":1,"args":{"s":"%s"}},' % (b"x" * 350)
     path = tmp_path / "fat.json"
     path.write_bytes(b"[" + event * (60 * MiB // len(event)) + b'{"ph":"X"}]')
-    refused(capped(tmp_path, "tree", str(path), "--limit", "1", mem_mb=170), "out of memory")
+    # refused by the estimate before the decode, or by MemoryError if the estimate is low
+    refused(capped(tmp_path, "tree", str(path), "--limit", "1", mem_mb=170), "memory")
     small = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
 
     def exhausted(*args, **kwargs):
@@ -191,9 +194,9 @@ def test_deep_nesting_is_one_line(tmp_path, capsys, nest):
 
 def test_a_tree_too_deep_for_json_is_one_line(tmp_path, capsys):
     path = write_trace(tmp_path / "chain.json", *[op("a", 1.0, 1.0)] * 1500)  # nest in a chain
-    assert main(["tree", path, "--format", "json"]) == 2
+    assert main(["tree", path, "--format", "json", "--limit", "0"]) == 2
     one_line(capsys, "--depth")
-    assert main(["tree", path, "--format", "json", "--depth", "50"]) == 0
+    assert main(["tree", path, "--format", "json", "--depth", "50", "--limit", "0"]) == 0
     assert json.loads(capsys.readouterr().out)["shown"] == 51
 
 
@@ -482,3 +485,264 @@ def test_a_utf8_byte_order_mark_is_read_and_utf16_is_named(tmp_path, capsys):
     path.write_bytes(doc.encode("utf-16"))
     assert main(["tree", str(path)]) == 2
     one_line(capsys, "UTF-16")
+
+
+# Terminals and output streams of every kind
+
+
+def plain_process(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """``python -m mpguide ARGS`` as a reader runs it, with ``env`` added."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "mpguide", *args], env=env, timeout=120, check=False, **kw
+    )
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_output_in_an_encoding_that_is_not_utf8(tmp_path, encoding):
+    path = write_trace(
+        tmp_path / "t.json",
+        op("aten::to☃", 1.0, 5.0),
+        op("aten::copy_", 2.0, 1.0, **{"Input type": ["c10::BFloat16", "float"]}),
+    )
+    outs = []
+    for command in (["tree", path], ["casts", path], ["casts", path, "--by", "cast"]):
+        proc = plain_process(*command, env={"PYTHONIOENCODING": encoding}, capture_output=True)
+        assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()[-3000:]
+        outs.append(proc.stdout.decode(encoding))
+    assert outs[0].splitlines()[1] == "`-- aten::to\\u2603  5 us"  # what ASCII carries
+    assert (
+        outs[0].splitlines()[2]
+        == "    `-- aten::copy_  1 us  Input type: ['c10::BFloat16', 'float']"
+    )
+    assert all("aten::to\\u2603  " in out for out in outs[1:])
+
+
+def test_a_closed_stdout_is_one_line(tmp_path, monkeypatch, capsys):
+    path = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "mpguide", "tree", path],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == b"mpguide: error: cannot write the output: stdout is closed\n"
+    closed = io.StringIO()
+    closed.close()  # as the reader's code may do
+    monkeypatch.setattr(sys, "stdout", closed)
+    assert main(["tree", path]) == 2
+    assert capsys.readouterr().err.startswith("mpguide: error: cannot write the output: stdout")
+
+
+def test_the_readers_threads_and_forks_do_not_outlive_or_repeat_the_report(tmp_path):
+    (tmp_path / "mine.py").write_text(
+        "import os, threading, time\n"
+        "import torch\n\n"
+        "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+        "os.fork()\n\n\n"
+        "def make():\n"
+        "    return torch.nn.Linear(4, 3), torch.ones(2, 4)\n"
+    )
+    argv = ["inference", "--model", f"{tmp_path / 'mine.py'}:make", "--variants", "fp32"]
+    start = time.monotonic()
+    proc = plain_process(*argv, "--warmup", "0", "--repeat", "1", capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert time.monotonic() - start < 100  # not the thread's 600 s
+    assert proc.stdout.decode().count("fp32  ") == 1  # one report, from one process
+
+
+def test_huge_cells_are_cut_and_say_their_length(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "400")
+    dims = [[1] * 5_000_000, [1] * 5_000_000]
+    path = write_trace(
+        tmp_path / "t.json",
+        op("aten::copy_", 1.0, 2.0, **{"Input Dims": dims, "Input type": ["float", "c10::Half"]}),
+        op("a" * 300, 4.0, 1.0),
+    )
+    for args in (["tree", path, "--limit", "0"], ["casts", path, "--by", "cast"]):
+        proc = capped(tmp_path, *args, mem_mb=1024)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        out = proc.stdout.decode()
+        assert len(out) < 2000 and "characters)" in out
+    assert main(["casts", path, "--by", "cast", "--format", "markdown"]) == 0
+    assert len(capsys.readouterr().out) < 2000
+
+
+def test_invisible_marks_are_escaped(tmp_path, capsys):
+    marks = "\u200e\u200f\u061c\u200b\u200c\u200d\u2060\ufeff\u00ad"
+    path = write_trace(tmp_path / "t.json", op(f"aten::mm{marks}", 1.0, 1.0))
+    for command in ("tree", "casts"):
+        assert main([command, path, "--format", "json" if command == "tree" else "table"]) == 0
+        capsys.readouterr()
+    assert main(["tree", path]) == 0
+    out = capsys.readouterr().out
+    assert not CONTROL.search(out) and not re.search(f"[{marks}]", out)
+    assert r"aten::mm\u200e\u200f\u061c\u200b\u200c\u200d\u2060\ufeff\xad" in out
+
+
+def test_times_that_overflow_give_one_line_and_no_warning(tmp_path):
+    path = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0), op("big", 1e308, 1e308))
+    refused(capped(tmp_path, "tree", path), "event 1 ('big')")
+    refused(capped(tmp_path, "casts", path), "event 1 ('big')")
+
+
+# Directories, caps and options
+
+
+def test_rank_directories_say_what_they_skipped(tmp_path, capsys):
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    write_trace(ranks / "rank0.json", op("a", 1.0, 1.0))
+    os.mkfifo(ranks / "rank1.json")
+    (ranks / "rank2.json").symlink_to(ranks / "rank2.json")
+    assert main(["tree", str(ranks), "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rank1.json: skipped, a FIFO (named pipe)" in out
+    assert "rank2.json: skipped, a symbolic link loop" in out
+    assert main(["casts", str(ranks), "--jobs", "1", "--format", "csv"]) == 0
+    assert "rank1.json: skipped" in capsys.readouterr().err
+
+
+def test_a_size_one_byte_over_the_cap_shows_exact_bytes(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([op("a", 1.0, 1.0)] * 20_000))
+    size = path.stat().st_size
+    assert main(["tree", str(path), "--max-bytes", str(size - 1)]) == 2
+    one_line(capsys, f"{size:,} bytes, more than {size - 1:,} bytes")
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux /proc")
+def test_a_file_that_fails_to_read_is_named(capsys):
+    assert main(["tree", "/proc/self/mem"]) == 2
+    one_line(capsys, "/proc/self/mem: cannot read it")
+
+
+def test_unknown_options_are_named(tmp_path, capsys):
+    path = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
+    for argv in (["tree", "--bogus"], ["tree", path, "--bogus=3"], ["casts", "-x", path]):
+        assert main(argv) == 2
+        one_line(capsys, argv[-1] if argv[-1].startswith("-") else "-x")
+    assert main(["tree", path, "--lim", "3", "--depth", "-2"]) == 2  # a prefix, a number
+    one_line(capsys, "--depth must be 0 or more")
+
+
+def test_a_graph_function_that_computes_nothing_is_named(tmp_path, capsys):
+    (tmp_path / "none.py").write_text("def nothing(x):\n    return None\n")
+    assert main(["graph", f"{tmp_path / 'none.py'}:nothing", "--inputs", "f32[4]"]) == 2
+    one_line(capsys, "nothing ran no tensor op", "returned NoneType")
+
+
+def test_empty_variants_are_refused(reader_file, capsys):
+    assert main(["inference", "--model", f"{reader_file}:same", "--variants", ""]) == 2
+    one_line(capsys, "--variants names none")
+
+
+# The tree's size: bounded by default, linear in events however deep
+
+
+def test_the_default_tree_is_bounded_with_durations_and_hidden_events(capsys):
+    step = str(Path(__file__).parent / "data" / "gpu" / "a100_torchrec_train_step.json.gz")
+    assert main(["tree", step]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) <= 60 and max(map(len, lines)) <= 100
+    assert re.fullmatch(r"└── ProfilerStep#\d+  \d+(\.\d+)? ms", lines[1])
+    assert re.fullmatch(r"\.\.\. [\d,]+ more nodes not shown \(50 of [\d,]+\): .*", lines[-2])
+    qwen = str(Path(__file__).parent / "data" / "gpu" / "h100_qwen1.5-0.5b_bf16_inference.json.gz")
+    assert main(["tree", qwen]) == 0
+    tail = capsys.readouterr().out.splitlines()[-2:]
+    assert re.fullmatch(r"hidden: [\d,]+ python_function events \(--python shows them\)", tail[0])
+    assert tail[1].startswith("anomalies: ") and "left out" not in tail[1]
+
+
+def test_a_chain_of_100k_nested_events_draws_in_linear_memory(tmp_path):
+    n = 100_000
+    chain = tmp_path / "chain.json"
+    with chain.open("w") as f:
+        f.write("[")
+        f.write(",".join(f'{{"ph":"X","name":"a","ts":{k},"dur":{2 * (n - k)}}}' for k in range(n)))
+        f.write("]")
+    proc = capped(tmp_path, "tree", str(chain), "--limit", "20000", mem_mb=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    lines = proc.stdout.decode().splitlines()
+    assert lines[3] == f"        ├── ... {n - 3:,} nested nodes of one child each"
+    assert len(lines) == 7 and proc.seconds < 60
+    # two children a level: nothing to collapse, and the indentation stops growing
+    wide = tmp_path / "wide.json"
+    events = [f'{{"ph":"X","name":"a","ts":{2 * k},"dur":{4 * (n - k)}}}' for k in range(n)]
+    events += [f'{{"ph":"X","name":"x","ts":{2 * k + 1},"dur":0.5}}' for k in range(n)]
+    wide.write_text("[" + ",".join(events) + "]")
+    proc = capped(tmp_path, "tree", str(wide), "--limit", "20000", mem_mb=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    out = proc.stdout.decode()
+    assert len(out) < 20000 * 110 and f"[+{10_000 - 1 - calltree.INDENT}]" in out
+
+
+# Memory bounded by the events a trace holds, not only by its bytes
+
+
+def test_many_tiny_events_under_the_byte_cap_are_refused_in_seconds(tmp_path):
+    events = TINY * (MiB // len(TINY))
+    bomb = tmp_path / "tiny.json.gz"  # 1.9 GiB of tiny events (55 million) in 6 MB
+    bomb.write_bytes(gzip_members((b"[", 1), (events, 1950), (b'{"ph":"X"}]', 1)))
+    for command in ("casts", "tree"):
+        proc = capped(tmp_path, command, str(bomb), "--limit", "10", mem_mb=1024)
+        err = refused(proc, "events (projected from the first", "would need about", "ulimit -v")
+        assert "256 bytes an event" in err and proc.seconds < 30
+    plain = tmp_path / "tiny.json"  # 2.7 million events in 100 MiB, counted before decoding
+    plain.write_bytes(b"[" + events * 100 + b'{"ph":"X"}]')
+    proc = capped(tmp_path, "casts", str(plain), mem_mb=512)
+    refused(proc, "about 2,", "events would need about")
+    assert proc.seconds < 30
+    small = tmp_path / "small.json.gz"  # 110,000 events fit in 512 MiB
+    small.write_bytes(gzip_members((b"[", 1), (events, 4), (b'{"ph":"X"}]', 1)))
+    proc = capped(tmp_path, "casts", str(small), mem_mb=512)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+
+
+def test_the_memory_estimate_is_checked_as_a_stream_is_read(monkeypatch, capsys):
+    events = TINY * 100_000 + b'{"ph":"X"}]'
+    monkeypatch.setattr(
+        sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"[" + events)))
+    )
+    monkeypatch.setattr(
+        "mpguide.traces.trace.available_memory", lambda: (10 << 20, "a test's limit")
+    )
+    assert main(["tree", "-"]) == 2
+    one_line(capsys, "<stream>: about 100,001 events would need", "a test's limit")
+
+
+def test_jobs_are_capped_at_the_cores_and_the_memory(tmp_path, monkeypatch, capsys):
+    from mpguide.traces import ranks
+
+    for k in range(3):
+        tracegen.write(tmp_path / f"rank{k}.json", 40, seed=k)
+    cores = ranks._cores()
+    found = ranks.trees_of_ranks(tmp_path, jobs=40)
+    assert found.how.startswith("read by ") and "--jobs 40 capped at" in found.how
+    assert f"read by {min(cores, 3)} processes" in found.how or cores == 1
+    monkeypatch.setattr(
+        "mpguide.traces.trace.available_memory", lambda: (150 << 20, "a test's limit")
+    )
+    assert ranks.most_jobs(ranks.files(tmp_path))[0] == 1
+    found = ranks.trees_of_ranks(tmp_path, jobs=40)
+    assert found.how == "read by this process (--jobs 40 capped at what 150 MiB of memory holds)"
+    with pytest.raises(SystemExit):
+        main(["tree", "--help"])
+    assert "fewer where the free memory" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_141_and_silence(tmp_path):
+    path = tracegen.write(tmp_path / "t.json", 3000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpguide", "tree", str(path), "--limit", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    with proc.stdout, proc.stderr:
+        assert proc.stdout.readline()  # as `| head -1` does, then it stops reading
+        proc.stdout.close()
+        err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == b""

@@ -1,6 +1,7 @@
 import gzip
 import io
 import json
+import math
 from operator import attrgetter
 from pathlib import Path
 
@@ -77,13 +78,13 @@ def test_python_layer_is_optional_and_counted():
     py = op("model.py(3): forward", BASE, 100.0, cat="python_function")
     mm = op("aten::mm", BASE + 10, 50.0)
     without = tree_of(py, mm, python=False)
-    assert without.anomalies.left_out == 1 and len(without) == 1
+    assert without.hidden == {"python_function": 1} and len(without) == 1
     with_py = tree_of(py, mm)
     assert parent_name(with_py, 1) == "model.py(3): forward"
     no_annotations = tree_of(
         op("ProfilerStep#1", BASE, 100.0, cat="user_annotation"), mm, annotations=False
     )
-    assert no_annotations.anomalies.left_out == 1 and no_annotations.node(1).parent is None
+    assert no_annotations.hidden == {"user_annotation": 1} and no_annotations.node(1).parent is None
 
 
 # Nesting edge cases: each has a defined place and is counted
@@ -561,7 +562,7 @@ def test_bytes_that_are_not_utf8_are_replaced_and_counted(tmp_path):
         tr = trace.load(tmp_path / name)
         assert tr.replaced == 3 and tr.events[0].name == "py\ufffd\ufffd(1): f"
         tree = tr.tree(python=False)
-        assert tree.anomalies.replaced == 3 and tree.anomalies.left_out == 1
+        assert tree.anomalies.replaced == 3 and tree.hidden == {"python_function": 1}
         assert tr.tree(python=True).node(0).args == {"x": "\ufffd"}
     assert trace.parse(good.replace("py(1)", "py\ufffd(1)").encode()).replaced == 0
 
@@ -630,13 +631,43 @@ def test_render_fields_and_depth():
     )
     text = tree.render(depth=1)
     assert (
-        "└── aten::matmul  Input Dims: [[2048, 1024], [1024, 4096]]  "
+        "└── aten::matmul  10 µs  Input Dims: [[2048, 1024], [1024, 4096]]  "
         "Input type: ['c10::BFloat16', 'float']"
     ) in text
-    assert "    └── aten::to" in text and "_to_copy" not in text
+    assert "    └── aten::to  2 µs" in text and "_to_copy" not in text
     assert "Input Dims" not in tree.render(fields=["Input type"])
     html = tree.html(tree.node(0))
     assert html.startswith('<pre class="mpguide-tree">') and "&#x27;float&#x27;" in html
+
+
+@pytest.mark.parametrize(
+    ("us", "text"),
+    [(0.25, "250 ns"), (12.34, "12.3 µs"), (999.0, "999 µs"), (4560.0, "4.56 ms"),
+     (1.2e6, "1.2 s"), (1.234e9, "1,234 s"), (math.nan, "? µs")],
+)  # fmt: skip
+def test_durations_read_in_units(us, text):
+    assert calltree.duration_text(us) == text
+
+
+def test_indentation_is_bounded_and_chains_collapse():
+    # 40 events each inside the previous, then a node with two children at the bottom
+    chain = [op("a", BASE + k, 200.0 - 2 * k) for k in range(40)]
+    tree = tree_of(*chain, op("b", BASE + 41, 1.0), op("c", BASE + 43, 1.0))
+    drawn = calltree.Drawn()
+    lines = list(tree.lines(fields=[], drawn=drawn))
+    assert lines[1].startswith("└── a") and lines[2] == "    └── a  198 µs"
+    assert lines[3] == "        ├── ... 37 nested nodes of one child each"
+    assert lines[4] == "        └── a  122 µs"  # the last of the chain, whose children follow
+    assert lines[5:] == ["            ├── b  1 µs", "            └── c  1 µs"]
+    assert (drawn.nodes, drawn.chained) == (5, 37) and tree.count() == 42
+    # without chains (two children each level) the indentation stops at INDENT levels
+    wide = [op("a", BASE + 2 * k, 400.0 - 4 * k) for k in range(40)]
+    leaves = [op("x", BASE + 2 * k + 1, 0.5) for k in range(40)]
+    deep = tree_of(*wide, *leaves)
+    widths = [len(line) for line in deep.lines(fields=[])]
+    assert max(widths) < 4 * calltree.INDENT + 20
+    assert any(line.startswith("[+24] ") for line in deep.lines(fields=[]))
+    assert deep.count() == 80 == sum(1 for line in deep.lines(fields=[]) if "── " in line)
 
 
 # Properties: no event is ever dropped

@@ -565,6 +565,12 @@ def capture(
                 backward_once(out)
     finally:
         torch._dynamo.reset()
+    if not fw:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise MPGuideError(
+            f"{name} ran no tensor op (it returned {type(out).__name__}): Dynamo captured no "
+            "graph; return a tensor computed from the inputs"
+        )
     if len(fw) != 1:
         raise MPGuideError(f"expected one forward graph from {backend}, got {len(fw)}")
     if any(dropped):

@@ -20,9 +20,15 @@ from typing import Any
 
 FORMATS = ("table", "markdown", "json", "csv")
 
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-"""C0 and C1 control characters, line and paragraph separators, and the bidirectional
-overrides: what moves a terminal's cursor, sets its title or colours, breaks or reorders text."""
+_CONTROLS = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]"
+)
+"""C0 and C1 control characters, line and paragraph separators, the bidirectional overrides
+and marks (LRM, RLM, ALM) and the invisible characters (zero-width spaces and joiners, the
+soft hyphen, the byte order mark): what moves a terminal's cursor, sets its title or
+colours, breaks, reorders or hides text."""
+MAX_CELL = 120
+"""The most characters of one cell (or tree field) that text and markdown show."""
 
 
 def _escaped(found: re.Match) -> str:
@@ -36,6 +42,14 @@ def escape_controls(text: str) -> str:
     """``text`` with each control character written as its Python escape (``\\x1b``,
     ``\\n``): safe to print on a terminal, and one line."""
     return _CONTROLS.sub(_escaped, text)
+
+
+def shortened(text: str, most: int = MAX_CELL) -> str:
+    """``text`` cut to about ``most`` characters with an ellipsis and its full length:
+    ``'[1, 1, 1, ...' (5,000,000 characters)``."""
+    if len(text) <= most:
+        return text
+    return f"{text[: most - 30]}... ({len(text):,} characters)"
 
 
 def _safe(texts: list[str]) -> list[str]:
@@ -81,6 +95,13 @@ def _cells(values: Sequence[Any]) -> list[str]:
     return list(map(cell, values))
 
 
+def _short(texts: list[str]) -> list[str]:
+    """:func:`shortened` of each text; the list as it is when none is too long."""
+    if max(map(len, texts), default=0) <= MAX_CELL:
+        return texts
+    return list(map(shortened, texts))
+
+
 def _plain(value: Any) -> Any:
     """``value`` as JSON takes it: a dtype by name, a non-finite number as ``None``."""
     if _is_dtype(value):
@@ -122,7 +143,7 @@ class Table:
         return Table(self.columns, rows, self.caption, self.notes)
 
     def to_text(self) -> str:
-        cells = [_safe(_cells(column)) for column in zip(*self.rows, strict=True)] or [
+        cells = [_safe(_short(_cells(column))) for column in zip(*self.rows, strict=True)] or [
             [] for _ in self.columns
         ]
         columns = _safe(list(self.columns))
@@ -141,7 +162,7 @@ class Table:
         out = [f"**{escape_controls(self.caption)}**", ""] if self.caption else []
         out.append("| " + " | ".join(esc(c) for c in self.columns) + " |")
         out.append("|" + "---|" * len(self.columns))
-        out += ["| " + " | ".join(esc(cell(v)) for v in row) + " |" for row in self.rows]
+        out += ["| " + " | ".join(esc(shortened(cell(v))) for v in row) + " |" for row in self.rows]
         out += ["", *map(escape_controls, self.notes)] if self.notes else []
         return "\n".join(out)
 

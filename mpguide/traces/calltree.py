@@ -42,7 +42,7 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.core.table import escape_controls
+from mpguide.core.table import escape_controls, shortened
 from mpguide.traces.columns import Args, Coded, Flows, codes, matching
 
 
@@ -75,6 +75,10 @@ call: ``nn.Module: Qwen2RMSNorm_3`` (the class, then the instance's number)."""
 _FRAME = re.compile(r"(.+)\((\d+)\): (.*)")
 _LAYER_RANK = {ANNOTATION: 0, PYTHON: 1}
 DEFAULT_FIELDS = ("Input Dims", "Input type")
+INDENT = 16
+"""The most levels a text tree indents; deeper lines say how many more levels they are in."""
+CHAIN = 6
+"""The longest chain of nodes of one child each that a text tree draws whole."""
 
 
 class _Link(msgspec.Struct, gc=False):
@@ -114,8 +118,8 @@ class Anomalies:
     ``shared_correlation`` counts the GPU events whose id launches of several processes
     share; ``ambiguous_gpu`` those of them left unlinked because no process pairing decides;
     ``no_time`` the events without ``ts`` or ``dur``, left out of the tree; ``replaced`` the
-    invalid UTF-8 sequences replaced while reading; ``left_out`` the events of layers not
-    asked for.
+    invalid UTF-8 sequences replaced while reading. The events of layers not asked for are
+    not anomalies: :attr:`Tree.hidden` counts them.
     """
 
     overlaps: int = 0
@@ -126,10 +130,9 @@ class Anomalies:
     unlinked_gpu: int = 0
     no_time: int = 0
     replaced: int = 0
-    left_out: int = 0
 
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self) if f.name != "left_out")
+        return sum(getattr(self, f.name) for f in fields(self))
 
     def losses(self) -> list[str]:
         """A sentence per case that changed or left out what the trace says."""
@@ -144,8 +147,12 @@ class Anomalies:
         return [f"{n} {text}" for n, text in said if n]
 
     def __repr__(self) -> str:
-        parts = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)]
-        return "anomalies: " + ", ".join(parts)
+        parts = [
+            f"{f.name.replace('_', ' ')} {getattr(self, f.name):,}"
+            for f in fields(self)
+            if getattr(self, f.name)
+        ]
+        return "anomalies: " + (", ".join(parts) or "none")
 
 
 def _args(raw: bytes) -> dict[str, Any]:
@@ -265,14 +272,21 @@ def _absolute_ns(ts: np.ndarray) -> np.ndarray:
     they are converted apart.
     """
     whole = np.floor(ts)
-    return whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(np.int64)
+    fraction = ts - whole
+    fraction *= 1000.0
+    ns = whole.astype(np.int64)
+    del whole
+    ns *= 1000
+    ns += np.rint(fraction, out=fraction).astype(np.int64)
+    return ns
 
 
 class Tree:
     """Call trees of a trace (:class:`Events`), one per process and thread, as parent links.
 
     Build it with :func:`build`. ``parent[i]`` is the parent's id or -1 for a root;
-    :meth:`roots` lists each thread's roots; :meth:`find` looks nodes up.
+    :meth:`roots` lists each thread's roots; :meth:`find` looks nodes up; :attr:`hidden`
+    counts the events of the layers left out.
     """
 
     def __init__(
@@ -284,6 +298,7 @@ class Tree:
         order: np.ndarray,
         anomalies: Anomalies,
         gpu_work: np.ndarray,
+        hidden: dict[str, int] | None = None,
     ):
         self.trace = trace
         self.included = included
@@ -293,6 +308,9 @@ class Tree:
         self.anomalies = anomalies
         self.gpu_work = gpu_work & included
         self.dur_us = trace.dur
+        self.hidden = hidden or {}
+        """How many events of each layer not asked for (``python_function``,
+        ``user_annotation``) the tree leaves out."""
 
     def __len__(self) -> int:
         return int(self.included.sum())
@@ -317,11 +335,19 @@ class Tree:
 
     def roots(self) -> dict[tuple[int | str, int | str], list[Node]]:
         """Each (pid, tid)'s root nodes in time order."""
-        out: dict[tuple[int | str, int | str], list[Node]] = {}
+        return {key: [Node(self, i) for i in ids.tolist()] for key, ids in self._root_ids().items()}
+
+    def _root_ids(self) -> dict[tuple[int | str, int | str], np.ndarray]:
+        """Each (pid, tid)'s root ids in time order, grouped by array operations."""
         pid, tid = self.trace.pid, self.trace.tid
-        for i in self.order[self.parent[self.order] < 0].tolist():
-            out.setdefault((pid.value(i), tid.value(i)), []).append(Node(self, i))
-        return out
+        ids = self.order[self.parent[self.order] < 0]
+        thread = pid.codes[ids] * max(len(tid.values), 1) + tid.codes[ids]
+        _, seen_first = np.unique(thread, return_index=True)
+        by_thread = np.argsort(thread, kind="stable")
+        groups = np.split(ids[by_thread], np.flatnonzero(np.diff(thread[by_thread])) + 1)
+        order = np.argsort(seen_first, kind="stable")  # threads in order of their first root
+        groups = [groups[k] for k in order.tolist()] if len(ids) else []
+        return {(pid.value(g[0]), tid.value(g[0])): g for g in groups}
 
     def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
@@ -344,11 +370,13 @@ class Tree:
         live = np.flatnonzero(up >= 0)
         while len(live):
             a = up[live]
+            done = np.ones(len(live), dtype=bool)
             for mask, out in zip(masks, found, strict=True):
                 hit = (out[live] < 0) & mask[a]
                 out[live[hit]] = a[hit]
+                done &= out[live] >= 0
             up[live] = self.parent[a]
-            live = live[up[live] >= 0]
+            live = live[(up[live] >= 0) & ~done]  # an id found in every mask walks no further
         return found
 
     def sequence_numbers(self, ids: np.ndarray) -> np.ndarray:
@@ -378,9 +406,11 @@ class Tree:
         acc = np.where(self.gpu_work, self.dur_us, 0.0)
         if not self.gpu_work.any():
             return acc
-        for d in range(int(self.depth.max()), 0, -1):
-            at = np.flatnonzero((self.depth == d) & (self.parent >= 0))
-            np.add.at(acc, self.parent[at], acc[at])
+        at = np.flatnonzero((self.parent >= 0) & self.included)
+        at = at[np.argsort(-self.depth[at], kind="stable")]  # deepest level first
+        bounds = np.flatnonzero(np.diff(self.depth[at])) + 1
+        for level in np.split(at, bounds):
+            np.add.at(acc, self.parent[level], acc[level])
         return acc
 
     def find(
@@ -399,7 +429,7 @@ class Tree:
         nodes = [Node(self, i) for i in ids.tolist()]
         return [n for n in nodes if predicate(n)] if predicate else nodes
 
-    def render(
+    def lines(
         self,
         root: Node | Sequence[Node] | None = None,
         *,
@@ -407,21 +437,40 @@ class Tree:
         depth: int | None = None,
         gpu: bool = False,
         limit: int | None = None,
-    ) -> str:
-        """A text tree (``└── aten::matmul  Input Dims: ...``) of ``root`` or of every thread.
+        drawn: Drawn | None = None,
+    ) -> Iterator[str]:
+        """The lines of a text tree (``└── aten::matmul  1.23 ms  Input Dims: ...``) of
+        ``root`` or of every thread, made as they are read, so that memory holds one line.
 
-        ``fields`` are ``args`` entries shown after the name; ``depth`` limits the levels
-        shown below each root; GPU events are shown only with ``gpu=True``; ``limit`` caps
-        the nodes shown, depth first (:meth:`count` says how many there are). Control
-        characters in names and fields are escaped, so that one line is one node.
+        ``fields`` are ``args`` entries shown after the name and duration, each cut to
+        :data:`~mpguide.core.table.MAX_CELL` characters; ``depth`` limits the levels shown
+        below each root; GPU events are shown only with ``gpu=True``; ``limit`` caps the
+        nodes drawn, depth first (:meth:`count` says how many there are). Indentation is
+        bounded: past :data:`INDENT` levels a line starts with the number of levels not
+        drawn (``[+40]``), and a chain of more than :data:`CHAIN` nodes of one child each
+        is drawn as its first and last node around a line counting the others. ``drawn``
+        counts the nodes drawn and those inside chains. Control characters in names and
+        fields are escaped, so that one line is one node.
         """
-        lines: list[str] = []
-        for title, node, branch, _ in islice(self._shown(root, depth, gpu), limit):
+        drawn = Drawn() if drawn is None else drawn
+        for title, i, branch, _, chained in self._shown(root, depth, gpu, collapse=True):
+            if i >= 0 and limit is not None and drawn.nodes >= limit:
+                return
             if title:
-                lines.append(escape_controls(title))
-            shown = [f"{f}: {_compact(v)}" for f, v in _fields(node, fields).items()]
-            lines.append(escape_controls(f"{branch}{'  '.join([node.name, *shown])}"))
-        return "\n".join(lines)
+                yield escape_controls(title)
+            if i < 0:
+                drawn.chained += chained
+                yield f"{branch}... {chained:,} nested nodes of one child each"
+                continue
+            drawn.nodes += 1
+            node = Node(self, i)
+            shown = [f"{f}: {shortened(_compact(v))}" for f, v in _fields(node, fields).items()]
+            text = "  ".join([node.name, duration_text(node.dur), *shown])
+            yield escape_controls(branch + text)
+
+    def render(self, root: Node | Sequence[Node] | None = None, **kw: Any) -> str:
+        """The text tree of :meth:`lines` (same arguments) as one string."""
+        return "\n".join(self.lines(root, **kw))
 
     def nested(
         self,
@@ -432,14 +481,14 @@ class Tree:
         gpu: bool = False,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """The nodes :meth:`render` shows as nested dicts for JSON: ``id``, ``name``, ``cat``,
+        """The nodes :meth:`lines` draws as nested dicts for JSON: ``id``, ``name``, ``cat``,
         ``pid``, ``tid``, ``ts`` and ``dur`` (microseconds), the ``fields`` the event has,
-        and ``children``."""
+        and ``children``; no chain is collapsed."""
         out: list[dict[str, Any]] = []
         open_: list[dict[str, Any]] = []
         trace = self.trace
-        for _, node, _, level in islice(self._shown(root, depth, gpu), limit):
-            i = node.id
+        for _, i, _, level, _ in islice(self._shown(root, depth, gpu), limit):
+            node = Node(self, i)
             item = {
                 "id": i,
                 "name": node.name,
@@ -456,45 +505,86 @@ class Tree:
             open_.append(item)
         return out
 
+    def _visible(self, gpu: bool) -> np.ndarray:
+        return self.included & (gpu | ~self.in_category(_is_gpu_category))
+
     def count(
         self, root: Node | Sequence[Node] | None = None, *, depth: int | None = None, gpu=False
     ) -> int:
-        """How many nodes :meth:`render` shows without a limit."""
+        """How many nodes :meth:`lines` shows without a limit (those in chains included)."""
         ids, offsets = self._children
-        visible = self.included & (gpu | ~self.in_category(_is_gpu_category))
-        frontier = np.array([n.id for _, nodes in self._groups(root, gpu) for n in nodes], int)
+        visible = self._visible(gpu)
+        groups = self._groups(root, gpu)
+        frontier = np.concatenate([g for _, g in groups]) if groups else np.zeros(0, np.int64)
         total, level = len(frontier), 0
         while len(frontier) and (depth is None or level < depth):
-            first, n_kids = offsets[frontier], offsets[frontier + 1] - offsets[frontier]
-            at = np.repeat(first - np.cumsum(n_kids) + n_kids, n_kids) + np.arange(n_kids.sum())
-            frontier = ids[at][visible[ids[at]]]
+            if len(frontier) == 1:  # a chain: a level costs microseconds
+                f = int(frontier[0])
+                frontier = ids[offsets[f] : offsets[f + 1]]
+                frontier = frontier[visible[frontier]]
+            else:
+                first, n_kids = offsets[frontier], offsets[frontier + 1] - offsets[frontier]
+                at = np.repeat(first - np.cumsum(n_kids) + n_kids, n_kids)
+                at += np.arange(len(at))
+                frontier = ids[at][visible[ids[at]]]
             total, level = total + len(frontier), level + 1
         return total
 
-    def _groups(self, root, gpu: bool) -> list[tuple[str, list[Node]]]:
+    def _groups(self, root, gpu: bool) -> list[tuple[str, np.ndarray]]:
+        """The roots drawn, by thread with its title (one untitled group for ``root``)."""
         if root is None:
+            visible = self._visible(gpu)
             groups = [
-                (f"process {pid}, thread {tid}", [n for n in nodes if gpu or not n.is_gpu])
-                for (pid, tid), nodes in self.roots().items()
+                (f"process {pid}, thread {tid}", ids[visible[ids]])
+                for (pid, tid), ids in self._root_ids().items()
             ]
-            return [(title, nodes) for title, nodes in groups if nodes]
-        return [("", [root] if isinstance(root, Node) else list(root))]
+            return [(title, ids) for title, ids in groups if len(ids)]
+        nodes = [root] if isinstance(root, Node) else list(root)
+        return [("", np.array([n.id for n in nodes], dtype=np.int64))]
 
-    def _shown(self, root, depth: int | None, gpu: bool) -> Iterator[tuple[str, Node, str, int]]:
-        """Each node shown, depth first: its thread's title when it is the first shown of
-        its thread (else ""), the node, the branch drawn before its name, and its level."""
+    def _shown(
+        self, root, depth: int | None, gpu: bool, collapse: bool = False
+    ) -> Iterator[tuple[str, int, str, int, int]]:
+        """Each line drawn, depth first: its thread's title when it is the first of its
+        thread (else ""), the node's id, the text drawn before its name, its level below
+        the root, and 0; with ``collapse``, a chain of more than :data:`CHAIN` nodes of one
+        child each is drawn as its first node, a line with id -1 and the number of nodes
+        between, and its last node."""
+        ids, offsets = self._children
+        visible = self._visible(gpu)
+
+        def kids(i: int) -> list[int]:
+            found = ids[offsets[i] : offsets[i + 1]]
+            return found[visible[found]].tolist()
+
+        def before(guides: str, drawn_level: int, last: bool) -> str:
+            hidden = f"[+{drawn_level - INDENT}] " if drawn_level > INDENT else ""
+            return hidden + guides + ("└── " if last else "├── ")
+
         for title, nodes in self._groups(root, gpu):
-            stack = [(n, "", k == len(nodes) - 1, 0) for k, n in enumerate(nodes)][::-1]
-            while stack:
-                node, prefix, last, level = stack.pop()
-                yield title, node, prefix + ("└── " if last else "├── "), level
-                title = ""
-                if depth is not None and level >= depth:
-                    continue
-                kids = [c for c in node.children if gpu or not c.is_gpu]
-                inner = prefix + ("    " if last else "│   ")
-                below = [(c, inner, k == len(kids) - 1, level + 1) for k, c in enumerate(kids)]
-                stack.extend(reversed(below))
+            count = len(nodes)
+            for k, first in enumerate(nodes.tolist()):
+                # (id, guides drawn before the branch, last of its siblings, level, drawn level)
+                stack = [(first, "", k == count - 1, 0, 0)]
+                while stack:
+                    i, guides, last, level, drawn_level = stack.pop()
+                    yield title, i, before(guides, drawn_level, last), level, 0
+                    title = ""
+                    if depth is not None and level >= depth:
+                        continue
+                    below = kids(i)
+                    inner = (guides + ("    " if last else "│   "))[-4 * INDENT :]
+                    chain = _chain(below, kids, level, depth) if collapse else []
+                    if len(chain) > CHAIN:
+                        yield "", chain[0], before(inner, drawn_level + 1, True), level + 1, 0
+                        inner = (inner + "    ")[-4 * INDENT :]
+                        yield "", -1, before(inner, drawn_level + 2, False), -1, len(chain) - 2
+                        stack.append((chain[-1], inner, True, level + len(chain), drawn_level + 2))
+                        continue
+                    stack.extend(
+                        (c, inner, j == len(below) - 1, level + 1, drawn_level + 1)
+                        for j, c in reversed(list(enumerate(below)))
+                    )
 
     def html(self, root: Node | Sequence[Node] | None = None, **kw: Any) -> str:
         """The text rendering in a ``<pre>`` block, for notebooks and the site."""
@@ -508,6 +598,20 @@ class Tree:
         return f"<p>{escape(repr(self))}</p>"
 
 
+def _chain(below: list[int], kids: Callable[[int], list[int]], level: int, depth) -> list[int]:
+    """The chain of nodes of one child each that starts at a node's only child ``below``,
+    down to the first node with no child or several, within ``depth``; [] for none."""
+    if len(below) != 1:
+        return []
+    chain = below[:]
+    while depth is None or level + len(chain) < depth:
+        after = kids(chain[-1])
+        if len(after) != 1:
+            break
+        chain.append(after[0])
+    return chain
+
+
 def _fields(node: Node, names: Sequence[str]) -> dict[str, Any]:
     """The ``args`` entries among ``names`` that ``node`` has."""
     found = {f: node.field(f) for f in names}
@@ -517,6 +621,26 @@ def _fields(node: Node, names: Sequence[str]) -> dict[str, Any]:
 def _is_gpu_category(cat: str) -> bool:
     """A kernel, memcpy, memset or GPU-side range."""
     return cat in GPU_CATEGORIES or cat.startswith("gpu_")
+
+
+@dataclass
+class Drawn:
+    """How many nodes :meth:`Tree.lines` drew, and how many it counted inside chains."""
+
+    nodes: int = 0
+    chained: int = 0
+
+
+def duration_text(us: float) -> str:
+    """A duration in microseconds as a person reads it: ``850 ns``, ``12.3 µs``, ``4.56 ms``,
+    ``1.2 s``, ``1,234 s``."""
+    if not math.isfinite(us):
+        return "? µs"
+    for scale, unit in ((1e6, "s"), (1e3, "ms"), (1.0, "µs")):
+        if abs(us) >= scale:
+            value = us / scale
+            return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
+    return f"{us * 1000:.3g} ns"
 
 
 def _compact(value: Any) -> str:
@@ -780,18 +904,25 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
     left_out = {PYTHON} if not python else set()
     left_out |= {ANNOTATION} if not annotations else set()
     included = ~np.isin(cat, [k for k, c in enumerate(cats) if c in left_out])
+    per_cat = np.bincount(cat, minlength=len(cats)).tolist()
+    hidden = {c: k for c, k in zip(cats, per_cat, strict=True) if c in left_out and k}
     is_gpu = np.isin(cat, [k for k, c in enumerate(cats) if c in GPU_CATEGORIES])
     runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in RUNTIME_CATEGORIES])
-    rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int64)[cat]
+    rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int8)[cat]
     timed = ~(np.isnan(trace.ts) | np.isnan(trace.dur))
     ts, dur = np.where(timed, trace.ts, 0.0), np.where(timed, trace.dur, 0.0)
-    bad = ~((np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US))
+    with np.errstate(over="ignore", invalid="ignore"):  # the check is for such times
+        bad = ~((np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US))
     if bad.any():
         raise _bad_time(trace, int(np.flatnonzero(bad)[0]))
-    absolute = _absolute_ns(ts)
-    base = int(absolute[timed].min()) if timed.any() else 0
-    start = absolute - base
-    end = start + np.rint(dur * 1000.0).astype(np.int64)
+    del bad  # memory: the arrays of n events are freed as soon as they are done with
+    start = _absolute_ns(ts)
+    base = int(start[timed].min()) if timed.any() else 0
+    start -= base
+    dur *= 1000.0
+    end = np.rint(dur, out=dur).astype(np.int64)
+    end += start
+    del ts, dur
     no_time = int((included & ~timed).sum())
     included &= timed
     thread = trace.pid.codes * len(trace.tid.values) + trace.tid.codes
@@ -808,6 +939,7 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
 
     nested = np.flatnonzero(included & ~linked)
     nested = _time_order(nested, start, end, rank, thread)
+    del rank
     depth = np.zeros(n, dtype=np.int64)
     seen: Counter = Counter()
     bounds = np.flatnonzero(np.diff(thread[nested])) + 1
@@ -816,6 +948,7 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
         parent[ids] = np.where(par >= 0, ids[par], -1)
         depth[ids] = dep
         seen += counts
+    del start, end, thread
     linked_ids = np.flatnonzero(linked)
     depth[linked_ids] = depth[parent[linked_ids]] + 1
     order = np.concatenate((nested, linked_ids))
@@ -828,6 +961,5 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
         unlinked_gpu=int((is_gpu & included & ~linked).sum()),
         no_time=no_time,
         replaced=trace.replaced,
-        left_out=int(n - included.sum()) - no_time,
     )
-    return Tree(trace, included, parent, depth, order, anomalies, is_gpu)
+    return Tree(trace, included, parent, depth, order, anomalies, is_gpu, hidden)

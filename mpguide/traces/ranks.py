@@ -16,6 +16,7 @@ pool outlives the call, whether it ends, fails or is interrupted.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import multiprocessing
@@ -23,11 +24,13 @@ import os
 import re
 import signal
 import socket
+import stat
 import statistics
 import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -50,13 +53,40 @@ _CONNECT_S = 10
 
 def files(folder: str | Path) -> list[Path]:
     """The traces (``*.json``, ``*.json.gz``) directly in ``folder``, by name."""
+    return _scan(folder)[0]
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` is not a trace file to read (None when it is a regular file)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if path.is_symlink():
+            return "a symbolic link to nothing"
+        return f"cannot be read ({err.strerror or err})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO (named pipe)",
+             stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a device", stat.S_ISBLK: "a device"}  # fmt: skip
+    return next((kind for test, kind in kinds.items() if test(mode)), "not a regular file")
+
+
+def _scan(folder: str | Path) -> tuple[list[Path], list[str]]:
+    """The traces directly in ``folder``, by name, and a sentence for each entry named like
+    a trace that is not a regular file (skipped)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise MPGuideError(f"{folder}: not a directory")
-    found = sorted({p for pattern in PATTERNS for p in folder.glob(pattern) if p.is_file()})
+    named = sorted({p for pattern in PATTERNS for p in folder.glob(pattern)})
+    why = [(p, _not_a_file(p)) for p in named]
+    found = [p for p, reason in why if reason is None]
+    skipped = [f"{p.name}: skipped, {reason}" for p, reason in why if reason is not None]
     if not found:
-        raise MPGuideError(f"{folder}: no traces in it ({', '.join(PATTERNS)})")
-    return found
+        also = f"; {'; '.join(skipped)}" if skipped else ""
+        raise MPGuideError(f"{folder}: no traces in it ({', '.join(PATTERNS)}){also}")
+    return found, skipped
 
 
 def _head(path: Path) -> bytes:
@@ -255,6 +285,8 @@ class Ranks:
     folder: str
     rows: tuple[Row, ...]
     how: str
+    skipped: tuple[str, ...] = ()
+    """A sentence for each entry named like a trace that was not read."""
 
     @property
     def what(self) -> str:
@@ -285,7 +317,7 @@ class Ranks:
             notes.append(
                 f"{unknown} trace(s) of unknown rank: no distributedInfo, no rank in the name"
             )
-        return tuple(notes)
+        return (*notes, *self.skipped)
 
     def summary(self) -> Table:
         """Across ranks, per figure: how many traces have it, the rank with the most, the
@@ -385,13 +417,50 @@ def _read(folder, work: Callable[[str], Row], jobs, scheduler, progress) -> Rank
         raise MPGuideError(f"jobs must be 1 or more, got {jobs}")
     if jobs is not None and scheduler is not None:
         raise MPGuideError("give jobs or a scheduler, not both: the cluster has its own workers")
-    paths = [str(p) for p in files(folder)]
+    found, skipped = _scan(folder)
+    paths = [str(p) for p in found]
     if scheduler is not None:
         rows, how = _on_cluster(work, paths, scheduler, progress)
     else:
-        rows, how = _on_cores(work, paths, jobs or _cores(), progress)
+        most, why = most_jobs(found)
+        rows, how = _on_cores(work, paths, min(jobs or most, most), progress)
+        if jobs is not None and jobs > most and len(paths) > most:
+            how += f" (--jobs {jobs} capped at {why})"
     rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.file))
-    return Ranks(str(folder), tuple(rows), how)
+    return Ranks(str(folder), tuple(rows), how, tuple(skipped))
+
+
+PER_PROCESS = 100 << 20
+"""What a pool's process takes before it reads a trace: the interpreter, numpy, msgspec."""
+GZIP_RATIO = 10
+"""How many bytes a profiler's ``.json.gz`` holds per byte of file, about (for the memory
+a process reading it will take, before it is read)."""
+
+
+def most_jobs(paths: Sequence[Path]) -> tuple[int, str]:
+    """How many of ``paths`` may be read at once, one process each, and why no more: one
+    per core this process may use, and no more than the memory free holds when each holds
+    the largest trace (:data:`mpguide.traces.trace.BYTES_PER_EVENT` an event; a
+    gzip's events estimated from its size, :data:`GZIP_RATIO`)."""
+    cores = _cores()
+    free = trace_file.available_memory()
+    if free is None or not paths:
+        return cores, f"the {cores} cores"
+    largest = 0
+    for path in paths:
+        with suppress(OSError):
+            with path.open("rb") as f:
+                gz = f.read(2) == b"\x1f\x8b"
+            if gz:
+                events = path.stat().st_size * GZIP_RATIO // 300
+            else:
+                events = trace_file.count_events(path)
+            largest = max(largest, events)
+    each = PER_PROCESS + trace_file.estimated_memory(largest)
+    fit = max(free[0] // each, 1)
+    if fit < cores:
+        return int(fit), f"what {trace_file.size_text(free[0])} of memory holds"
+    return cores, f"the {cores} cores"
 
 
 def _cores() -> int:

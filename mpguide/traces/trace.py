@@ -254,11 +254,27 @@ def size_text(n: int) -> str:
 
 
 def _too_large(where: str, max_bytes: int, size: int | None = None) -> MPGuideError:
-    what = "more than" if size is None else f"{size_text(size)}, more than"
+    cap = size_text(max_bytes)
+    if size is not None and size_text(size) == cap:  # rounding hides the difference
+        what, cap = f"{size:,} bytes, more than", f"{max_bytes:,} bytes"
+    else:
+        what = "more than" if size is None else f"{size_text(size)}, more than"
     return MPGuideError(
-        f"{where}: {what} {size_text(max_bytes)}{' decompressed' if size is None else ''}, the "
+        f"{where}: {what} {cap}{' decompressed' if size is None else ''}, the "
         "cap on a trace's size; raise it with --max-bytes (max_bytes= in Python)"
     )
+
+
+@contextmanager
+def _read_errors(where: str) -> Iterator[None]:
+    """An error reading ``where`` (an I/O error, a device that refuses reads) as one line
+    naming it."""
+    try:
+        yield
+    except MPGuideError:
+        raise
+    except OSError as err:
+        raise MPGuideError(f"{where}: cannot read it ({err.strerror or err})") from None
 
 
 def _file_size(path: Path) -> int:
@@ -287,7 +303,7 @@ def _opened(source: Source) -> Iterator[BinaryIO]:
         f = open(source, "rb")  # noqa: SIM115 -- closed below
     except OSError as err:
         raise MPGuideError(f"{source}: cannot read it ({err.strerror or err})") from None
-    with f:
+    with f, _read_errors(str(source)):
         yield f
 
 
@@ -331,6 +347,7 @@ def _filler(
             read = f.readinto
         total = 0
 
+        @_read_errors(where)
         def fill(view: memoryview) -> int:
             nonlocal total
             if stop is not None:
@@ -341,7 +358,28 @@ def _filler(
                 raise _too_large(where, max_bytes)
             return got
 
+        fill.share = _share(f) if stop is None else lambda: None
+        fill.read, fill.cap = (lambda: total), max_bytes
         yield fill
+
+
+def _share(f: BinaryIO) -> Callable[[], float | None]:
+    """A function saying how much of the regular file ``f`` was read (compressed, for a
+    gzip file), or None where that is not known (a pipe)."""
+    try:
+        st = os.fstat(f.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return lambda: None
+    if not (stat.S_ISREG(st.st_mode) and st.st_size):
+        return lambda: None
+
+    def share() -> float | None:
+        try:
+            return f.tell() / st.st_size
+        except (OSError, ValueError):
+            return None
+
+    return share
 
 
 _UTF8_CHUNK = 1 << 24
@@ -436,12 +474,91 @@ def load(
             plain = not _is_gzip(f)
         if plain and max_bytes is not None and size > max_bytes:
             raise _too_large(str(path), max_bytes, size)
+        if plain:
+            check_memory(str(path), count_events(path))
         if plain and size >= PARALLEL_BYTES:
             halves = _load_halves(path, args_of)
             if halves is not None:
                 return _joined(halves, str(path))
     with _filler(source, max_bytes=max_bytes) as fill:
         return _streamed(fill, b"", b"", _name(source), args_of)
+
+
+BYTES_PER_EVENT = 256
+"""The most memory that reading a trace, nesting its tree and reporting its casts take per
+event, in bytes, measured on traces of tiny events (docs/cli.md; a profiler's events, with
+their args, take more bytes of file each and about as much memory)."""
+_BASE_MEMORY = 128 << 20
+"""What reading takes beyond the events: its buffers and one piece being decoded."""
+_SAMPLE = 4 << 20
+
+
+def available_memory() -> tuple[int, str] | None:
+    """How many more bytes this process may take, and what bounds it: the address-space
+    limit (``ulimit -v``) less what the process holds, the memory limit of its cgroup (a
+    container) less what the cgroup uses, or the memory the machine has free, whichever is
+    least; None where none is known."""
+    found = []
+    with suppress(OSError, ValueError, AttributeError):
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            held = _status_kib("VmSize:") << 10
+            found.append((soft - held, "the address-space limit (ulimit -v) less what is held"))
+    with suppress(OSError, ValueError):
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text())
+            found.append((int(limit) - used, "the memory limit of this container less its use"))
+    with suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        found.append((kib << 10, "the memory this machine has free"))
+    return min(found) if found else None
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def count_events(path: Path) -> int:
+    """About how many events the plain trace at ``path`` holds, counted without decoding:
+    the ``"ph"`` keys in three samples, scaled to its size."""
+    key, size = b'"ph"', path.stat().st_size
+    with path.open("rb") as f:
+        if size <= 3 * _SAMPLE:
+            return f.read().count(key)
+        seen = 0
+        for at in (0, size // 2, size - _SAMPLE):
+            f.seek(at)
+            seen += f.read(_SAMPLE).count(key)
+    return seen * size // (3 * _SAMPLE)
+
+
+def estimated_memory(events: int) -> int:
+    """The most memory that reading, nesting and reporting ``events`` events takes."""
+    return _BASE_MEMORY + events * BYTES_PER_EVENT
+
+
+def check_memory(
+    where: str, events: int, found: tuple[int, str] | None = None, how: str = "", margin=1.0
+) -> None:
+    """MPGuideError when ``events`` events (``how`` they were counted) would need more
+    than ``margin`` times the memory this process may take (``found``, else
+    :func:`available_memory`), saying how much and what bounds it."""
+    need = estimated_memory(events)
+    found = found or available_memory()
+    if found is None or need <= margin * found[0]:
+        return
+    may, bound = found
+    raise MPGuideError(
+        f"{where}: about {events:,} events{how} would need about {size_text(need)} of memory "
+        f"({BYTES_PER_EVENT} bytes an event), more than the {size_text(max(may, 0))} this "
+        f"process may take ({bound}); run it where more is free, or raise the limit"
+    )
 
 
 def _pickled(args_of: Callable[[str], bool] | None) -> bytes:
@@ -547,6 +664,7 @@ def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=Non
     close, reopen = (b"]", b"[") if buf[:1] == b"[" else (b"]}", b'{"traceEvents":[')
     parts: list[Trace] = []
     events_before, since, until, tries = 0, 0, None, 0
+    may = available_memory()  # checked as events come: a stream is not counted before
     while True:
         if size < len(buf):
             with memoryview(buf) as view:
@@ -582,6 +700,14 @@ def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=Non
             continue
         parts.append(part)
         events_before += _count(part)
+        check_memory(where, events_before, may)
+        share = fill.share()
+        if share and (
+            fill.cap is None or fill.read() / share <= fill.cap
+        ):  # the events to come, as many as in what was read: refused early past 2x
+            # (a document the size cap refuses is left to it, which says how to raise it)
+            how = f" (projected from the first {share:.1%} of the file)"
+            check_memory(where, int(events_before / share), may, how, margin=2.0)
         base += start - len(reopen)
         buf[: len(rest)] = rest
         size, since, until, tries = len(rest), 0, None, 0
@@ -591,6 +717,7 @@ def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=Non
             parts.append(parse(view[: size + len(last)], where, args_of))
     except _Undecodable as err:
         raise MPGuideError(_message(where, err.cause, events_before, base)) from None
+    check_memory(where, events_before + _count(parts[-1]), may)  # the tree is still to build
     return parts[0] if len(parts) == 1 else _joined(parts, where)
 
 
