@@ -203,7 +203,7 @@ def versions(session: nox.Session) -> None:
     index pip is configured with); ``-- --python PATH`` (repeatable) uses an existing
     interpreter for the release its torch belongs to instead."""
     given, rest = _given_pythons(session)
-    out = ROOT / "docs" / "recorded" / "versions"
+    out = Path("docs", "recorded", "versions")  # relative: the recordings quote the command
     for pin in RELEASES:
         python = _torch_python(session, pin, given, "")
         session.run(
@@ -222,7 +222,7 @@ def versions(session: nox.Session) -> None:
 @nox.parametrize("pin", [RELEASES[0], RELEASES[-1]], ids=["oldest", "newest"])
 def compat(session: nox.Session, pin: str) -> None:
     """Run the tests and every example as a plain script on the window's oldest and newest
-    torch (``nox -s compat-oldest`` for one). ``-- --python PATH`` uses an existing
+    torch (``nox -s "compat(oldest)"`` for one). ``-- --python PATH`` uses an existing
     interpreter for its torch's release; other arguments go to pytest."""
     given, rest = _given_pythons(session)
     python = _torch_python(session, pin, given, "test")
