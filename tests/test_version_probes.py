@@ -107,11 +107,8 @@ def test_load_refuses_what_is_not_a_recording(tmp_path):
         version_probes.load(path)
 
 
-@pytest.mark.parametrize(
-    ("version", "name"), [("2.14.1+cu130", "2.14.1.json"), ("2.13.0+cpu", "2.13.0.json")]
-)
-def test_one_file_per_release(version, name):
-    assert version_probes.filename(version) == name
+def test_one_file_per_release_and_build():
+    assert version_probes.filename("2.13.0+cpu") != version_probes.filename("2.13.0+cu130")
 
 
 # The renderer ----------------------------------------------------------------------------------
@@ -150,6 +147,23 @@ def test_compare_orders_releases_by_number_not_by_text():
     assert t.rows == (("", "s", "2.9.0", "2.10.0", "2.14.1", "2.10, 2.14"),)
 
 
+def test_series_takes_the_standard_build_of_each_release_and_builds_compares_the_rest():
+    cuda = "CUDA 13.0 libraries, no GPU"
+    docs = [
+        _doc("2.13.0+cpu", switches={"s": 1}),
+        _doc("2.13.0+cu130", switches={"s": 2}, build=cuda),
+        _doc("2.12.0+cpu", switches={"s": 2}),
+    ]
+    assert [d["provenance"]["torch"] for d in version_diffs.series(docs)] == [
+        "2.12.0+cpu",
+        "2.13.0+cu130",
+    ]
+    (b,) = version_diffs.builds(docs)
+    assert (b.before, b.after) == ("2.13.0+cu130", "2.13.0+cpu")
+    assert b.changed == ((("switches", "", "s"), 2, 1),)
+    assert version_diffs.compare(docs).steps[0].changed == ()
+
+
 def test_check_changes_agrees_only_when_the_probe_flips_at_the_named_release():
     docs = [_doc(v, facts={"f": o}) for v, o in (("2.11.0", "a"), ("2.12.0", "a"), ("2.13.0", "b"))]
     right = versions.Change("f", "2.13", "a", "b")
@@ -184,12 +198,12 @@ def _recorded():
     return version_diffs.recordings(RECORDED)
 
 
-def test_the_recordings_span_the_window_one_per_release_in_canonical_form():
+def test_the_recordings_span_the_window_in_the_standard_build_in_canonical_form():
     docs = _recorded()
     releases = [versions.release(d["provenance"]["torch"]) for d in docs]
     assert releases[0] == versions.release(versions.WINDOW[0])
     assert releases[-1] == versions.release(versions.WINDOW[1])
-    assert len(set(releases)) == len(releases)
+    assert all(version_diffs.standard(d) for d in version_diffs.series(docs))
     for path in sorted(RECORDED.glob("*.json")):
         doc = version_probes.load(path)
         assert path.name == version_probes.filename(doc["provenance"]["torch"])

@@ -43,6 +43,36 @@ def name(doc: Mapping) -> str:
     return doc["provenance"]["torch"].split("+")[0]
 
 
+def torch_of(doc: Mapping) -> str:
+    """A recording's torch version with its build tag (``2.13.0+cpu``)."""
+    return doc["provenance"]["torch"]
+
+
+def standard(doc: Mapping) -> bool:
+    """Whether a recording is of the standard build (CUDA libraries, with or without a GPU)."""
+    return doc["provenance"]["build"].startswith("CUDA")
+
+
+def series(docs: Sequence[dict]) -> list[dict]:
+    """One recording per release, oldest first: the standard build where a release has one,
+    so that every step between releases compares the same build."""
+    first: dict[tuple[int, ...], dict] = {}
+    for d in sorted(docs, key=lambda d: (release_key(d), not standard(d), torch_of(d))):
+        first.setdefault(release_key(d), d)
+    return list(first.values())
+
+
+def builds(docs: Sequence[dict]) -> tuple[Step, ...]:
+    """Each recording left out of :func:`series` against the series' recording of its
+    release: what the build, not the release, changes."""
+    chosen = {release_key(d): d for d in series(docs)}
+    return tuple(
+        step(chosen[release_key(d)], d)
+        for d in sorted(docs, key=release_key)
+        if chosen[release_key(d)] is not d
+    )
+
+
 def op_value(entry: Mapping) -> str:
     """One op as a cell: its class, the output dtypes of its float32, low and mixed runs, and
     the casts autocast inserted."""
@@ -123,7 +153,8 @@ def step(a: Mapping, b: Mapping, groups: Iterable[str] | None = None) -> Step:
             same[row[0]] += 1
         else:
             changed.append((row, va, vb))
-    return Step(name(a), name(b), tuple(changed), dict(same))
+    labels = (name(a), name(b)) if name(a) != name(b) else (torch_of(a), torch_of(b))
+    return Step(*labels, tuple(changed), dict(same))
 
 
 @dataclass(frozen=True)
@@ -137,7 +168,7 @@ class History:
         """Where each recording was made."""
         keys = ("torch", "build", "python", "machine", "date", "command")
         rows = tuple(tuple(d["provenance"][k] for k in keys) for d in self.docs)
-        return Table(keys, rows, f"{len(self.docs)} recordings, oldest release first")
+        return Table(keys, rows, f"{len(self.docs)} releases, one recording each, oldest first")
 
     def counts(self) -> Table:
         """Per step and group: how many rows changed and how many stayed the same."""
@@ -166,8 +197,8 @@ class History:
 
 
 def compare(docs: Sequence[dict]) -> History:
-    """The steps between consecutive recordings (sorted oldest first)."""
-    docs = tuple(sorted(docs, key=release_key))
+    """The steps between consecutive releases, one recording each (:func:`series`)."""
+    docs = tuple(series(docs))
     return History(docs, tuple(step(a, b) for a, b in itertools.pairwise(docs)))
 
 

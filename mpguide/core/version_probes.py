@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from mpguide import MPGuideError, error_line
+from mpguide.autocast.device import NEEDS_HARDWARE
 from mpguide.core import dtypes, state
 
 SCHEMA = 1
@@ -143,13 +144,13 @@ def switches() -> dict[str, Any]:
 
 def autocast(devices: tuple[str, ...] = DEVICES, ops: tuple | None = None) -> dict[str, Any]:
     """Each op's class and output dtypes (float32 in, low in, mixed in) and the casts
-    autocast inserts, per ``device/dtype``, for ``ops`` (default: the whole catalogue); a
-    device this build cannot simulate, or a probe that fails, is recorded as such."""
+    autocast inserts, per ``device/dtype``, for ``ops`` (default: the ops
+    :func:`mpguide.autocast.policy.probe` probes by default); a device this build cannot
+    simulate, or a probe that fails, is recorded as such."""
     from mpguide.autocast import device as _device
     from mpguide.autocast import policy
 
-    ops = policy.CATALOGUE if ops is None else ops
-
+    chosen = {} if ops is None else {"ops": ops}
     out: dict[str, Any] = {}
     for dev in devices:
         for dtype in DTYPES:
@@ -158,14 +159,14 @@ def autocast(devices: tuple[str, ...] = DEVICES, ops: tuple | None = None) -> di
                 out[key] = {"how": "this build cannot simulate it"}
                 continue
             try:
-                pol = policy.probe(dev, dtype, ops)
+                pol = policy.probe(dev, dtype, **chosen)
             except Exception as err:  # noqa: BLE001 - a failed probe is a finding
                 out[key] = {"how": f"the probe failed: {error_line(err)}"}
                 continue
             probed = {
                 p.op: {
                     "class": p.kind,
-                    "out": [policy._out(getattr(p, r), r in p.undecided) for r in policy.RUNS],
+                    "out": [_out(getattr(p, r), r in p.undecided) for r in policy.RUNS],
                     "casts": list(p.casts),
                 }
                 for p in pol.probes
@@ -175,6 +176,15 @@ def autocast(devices: tuple[str, ...] = DEVICES, ops: tuple | None = None) -> di
                 "ops": probed,
             }
     return out
+
+
+def _out(run: Any, undecided: bool) -> str:
+    """One run's output dtype as a cell: ``""`` for no such run, ``error`` where it raised."""
+    if run is None:
+        return ""
+    if undecided:
+        return NEEDS_HARDWARE
+    return "error" if run.error else dtypes.name(run.out) if run.out else "-"
 
 
 def facts(names: tuple[str, ...] | None = None) -> dict[str, str]:
@@ -210,9 +220,8 @@ def dumps(doc: Any, flat_at: int = 4, _depth: int = 0) -> str:
 
 
 def filename(version: str = torch.__version__) -> str:
-    """``2.14.1.json`` for ``2.14.1+cu130``: one recording per release (the build is in the
-    provenance)."""
-    return f"{version.split('+')[0]}.json"
+    """``2.14.1+cu130.json``: one recording per release and build."""
+    return f"{version}.json"
 
 
 def load(path: Path | str) -> dict:
