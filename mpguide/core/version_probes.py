@@ -307,8 +307,10 @@ def _profiler_acc_events() -> str:
 
 @fact("dynamo_user_error_type")
 def _dynamo_user_error() -> str:
-    """The exception a compiled function raising ``ValueError`` gives its caller, and whether
-    the caller's message survives."""
+    """The exception a compiled function (``fullgraph=True``) raising ``ValueError`` gives its
+    caller, and where the function's error is: on the first line (what a one-line error
+    shows), further down as it was raised, further down wrapped in dynamo's variables, or
+    lost."""
 
     def fn(x):
         raise ValueError("mpguide-marker")
@@ -318,8 +320,17 @@ def _dynamo_user_error() -> str:
         with _quiet():
             torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
     except Exception as err:  # noqa: BLE001 - the exception is the observation
-        kept = "message kept" if "mpguide-marker" in str(err) else "message lost"
-        return f"{raised(err)}, {kept}"
+        text = str(err)
+        where = (
+            "lost"
+            if "mpguide-marker" not in text
+            else "on its first line"
+            if "mpguide-marker" in error_line(err)
+            else "further down, as raised"
+            if repr(ValueError("mpguide-marker")) in text
+            else "further down, inside dynamo's variables"
+        )
+        return f"{raised(err)}, the function's message {where}"
     finally:
         torch._dynamo.reset()
     return "does not raise"
