@@ -156,10 +156,10 @@ def _release(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def _given_pythons(session: nox.Session) -> tuple[dict[str, str], list[str]]:
+def _given_pythons(session: nox.Session) -> tuple[dict[str, list[str]], list[str]]:
     """The interpreters given as ``--python PATH`` (repeatable), by the torch release each
-    has, and the other arguments."""
-    given: dict[str, str] = {}
+    has (a release may come in two builds), and the other arguments."""
+    given: dict[str, list[str]] = {}
     rest: list[str] = []
     args = iter(session.posargs)
     for arg in args:
@@ -172,15 +172,17 @@ def _given_pythons(session: nox.Session) -> tuple[dict[str, str], list[str]]:
         version = session.run(
             python, "-c", "import torch; print(torch.__version__)", silent=True, external=True
         )
-        given[_release(version.strip().splitlines()[-1])] = python
+        given.setdefault(_release(version.strip().splitlines()[-1]), []).append(python)
     return given, rest
 
 
-def _torch_python(session: nox.Session, pin: str, given: dict[str, str], extras: str) -> str:
-    """A Python with torch ``pin``: the one given for its release, else a virtual environment
+def _torch_pythons(
+    session: nox.Session, pin: str, given: dict[str, list[str]], extras: str
+) -> list[str]:
+    """Pythons with torch ``pin``: those given for its release, else a virtual environment
     of its own under .nox/, made once, with ``torch==pin`` and mpguide's ``extras``."""
     if _release(pin) in given:
-        session.log(f"torch {pin}: using {given[_release(pin)]}")
+        session.log(f"torch {pin}: using {', '.join(given[_release(pin)])}")
         return given[_release(pin)]
     env = ROOT / ".nox" / f"torch-{pin.replace('*', 'x')}"
     python = env / "bin" / "python"
@@ -190,7 +192,7 @@ def _torch_python(session: nox.Session, pin: str, given: dict[str, str], extras:
     session.run(
         str(python), "-m", "pip", "install", "--quiet", f"torch=={pin}", "-e", spec, external=True
     )
-    return str(python)
+    return [str(python)]
 
 
 @nox.session(venv_backend="none", default=False)
@@ -201,21 +203,22 @@ def versions(session: nox.Session) -> None:
 
     Each torch gets an environment of its own under .nox/ (``torch==X`` from the package
     index pip is configured with); ``-- --python PATH`` (repeatable) uses an existing
-    interpreter for the release its torch belongs to instead."""
+    interpreter for the release its torch belongs to instead, one per build of a release
+    (CPU-only and standard builds are recorded side by side)."""
     given, rest = _given_pythons(session)
     out = Path("docs", "recorded", "versions")  # relative: the recordings quote the command
     for pin in RELEASES:
-        python = _torch_python(session, pin, given, "")
-        session.run(
-            python,
-            "-m",
-            "mpguide.core.version_probes",
-            "--out",
-            str(out),
-            *rest,
-            env={"PYTHONPATH": str(ROOT)},
-            external=True,
-        )
+        for python in _torch_pythons(session, pin, given, ""):
+            session.run(
+                python,
+                "-m",
+                "mpguide.core.version_probes",
+                "--out",
+                str(out),
+                *rest,
+                env={"PYTHONPATH": str(ROOT)},
+                external=True,
+            )
 
 
 @nox.session(venv_backend="none", default=False)
@@ -225,7 +228,7 @@ def compat(session: nox.Session, pin: str) -> None:
     torch (``nox -s "compat(oldest)"`` for one). ``-- --python PATH`` uses an existing
     interpreter for its torch's release; other arguments go to pytest."""
     given, rest = _given_pythons(session)
-    python = _torch_python(session, pin, given, "test")
+    python = _torch_pythons(session, pin, given, "test")[0]
     env = {"PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
     session.run(python, "-m", "pytest", *workers, *rest, env=env, external=True)
