@@ -355,8 +355,7 @@ def _graph(args: argparse.Namespace) -> str:
     target = device.target(args.device, simulate=True)
     if args.backward and not device.simulates_autograd(target.device.type):
         raise MPGuideError(
-            f"no backward graph on a simulated {target.device.type}: torch {torch.__version__} "
-            "cannot run autograd there (a build with that device can)"
+            f"no backward graph: {device.no_autograd_reason(target.device.type)}"
         )
     try:
         low = None if args.autocast is None else dtypes.autocast_dtype(args.autocast)

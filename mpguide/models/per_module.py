@@ -610,8 +610,7 @@ def report(
     target = device if isinstance(device, _device.Target) else _device.target(device, simulate)
     if backward and target.simulated and not _device.simulates_autograd(target.device.type):
         raise MPGuideError(
-            f"no backward pass on a simulated {target.device.type}: torch {torch.__version__} "
-            "cannot run autograd there (a build with that device can)"
+            f"no backward pass: {_device.no_autograd_reason(target.device.type)}"
         )
     args, kwargs = _inputs(inputs)
     low_model = model
