@@ -345,7 +345,6 @@ def _option(flag: str, value: str | None):
 
 def _graph(args: argparse.Namespace) -> str:
     import msgspec
-    import torch
 
     from mpguide.autocast import device
     from mpguide.compiled import graphs
@@ -354,9 +353,7 @@ def _graph(args: argparse.Namespace) -> str:
     fn = _load_spec(args.function)
     target = device.target(args.device, simulate=True)
     if args.backward and not device.simulates_autograd(target.device.type):
-        raise MPGuideError(
-            f"no backward graph: {device.no_autograd_reason(target.device.type)}"
-        )
+        raise MPGuideError(f"no backward graph: {device.no_autograd_reason(target.device.type)}")
     try:
         low = None if args.autocast is None else dtypes.autocast_dtype(args.autocast)
     except MPGuideError:

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-import torch
 
 from mpguide.autocast import device
 
