@@ -68,3 +68,61 @@ def _change(name: str, since: str, before: str, after: str) -> Change:
 def change(name: str) -> Change:
     """The change called ``name``."""
     return CHANGES[name]
+
+
+# Each ``since`` was found by running the fact's probe on 2.11.0, 2.12.1, 2.13.0 and 2.14.1 (the
+# standard builds, and 2.13.0's CPU-only build); ``nox -s versions`` records them again.
+
+# -- autocast and dtype rules ----------------------------------------------------------------
+_change(
+    "rms_norm_cuda_autocast",
+    "2.12",
+    before="rms_norm has no CUDA autocast rule: under CUDA autocast it keeps its input dtype",
+    after="rms_norm is on CUDA autocast's float32 list: under CUDA autocast it returns float32",
+)
+_change(
+    "addmv_cpu_mixed_bias",
+    "2.12",
+    before="CPU addmv with a bf16 bias and a float32 matrix and vector returns float32",
+    after="CPU addmv with a bf16 bias and a float32 matrix and vector raises",
+)
+_change(
+    "quantile_fake_tensor",
+    "2.12",
+    before="quantile raises on fake tensors (the fake tensor mode calls its output "
+    "data-dependent), so a simulated device has no dtype for it",
+    after="quantile runs on fake tensors, so a simulated device gives its dtype",
+)
+_change(
+    "quantile_internal_float64",
+    "2.14",
+    before="float32 quantile computes in float32",
+    after="float32 quantile casts its input to float64 and the result back to float32 inside",
+)
+
+# -- profiler -----------------------------------------------------------------------------------
+_change(
+    "profiler_acc_events",
+    "2.13",
+    before="torch.profiler.profile without acc_events=True warns on its first cycle that it "
+    "clears events at the end of each cycle",
+    after="torch.profiler.profile without acc_events=True warns only when a second cycle starts",
+)
+
+# -- torch.compile -----------------------------------------------------------------------------
+_change(
+    "dynamo_user_error_type",
+    "2.12",
+    before="an exception raised in a compiled function reaches the caller wrapped with its type "
+    "only, not its message",
+    after="an exception raised in a compiled function reaches the caller wrapped with its "
+    "type and message",
+)
+_change(
+    "inductor_cpu_bf16_round_trip",
+    "2.13",
+    before="inductor's pointless_convert pass removes a float32 -> bf16 -> float32 round trip "
+    "from the graph, so no code rounds to bf16, even with emulate_precision_casts",
+    after="inductor keeps a float32 -> bf16 -> float32 round trip in the graph; its CPU code "
+    "rounds to bf16 only with emulate_precision_casts",
+)
