@@ -1,5 +1,5 @@
 """Sessions: ``nox -s tests`` (default), ``nox -s docs``, ``nox -s lint``, ``nox -s screenshots``,
-``nox -s record``, ``nox -s bench``.
+``nox -s record``, ``nox -s bench``, ``nox -s versions``, ``nox -s compat``.
 
 Arguments after ``--`` pass through to the tool: ``nox -s tests -- -k policy``,
 ``nox -s docs -- -D sphinx_gallery_conf.filename_pattern=plot_01``.
@@ -8,6 +8,7 @@ Arguments after ``--`` pass through to the tool: ``nox -s tests -- -k policy``,
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import nox
@@ -20,6 +21,9 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests"]
 
 RUFF = "ruff==0.17.6"
+RELEASES = ("2.11.0", "2.12.*", "2.13.0", "2.14.1")
+"""The torch releases of the supported window (``mpguide.core.versions.WINDOW``), oldest first:
+``nox -s versions`` records each, ``nox -s compat`` tests the first and the last."""
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -146,3 +150,89 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/model_report.py")
     session.install("HolisticTraceAnalysis")
     session.run("python", "benchmarks/hta_kernels.py")
+
+
+def _release(version: str) -> str:
+    """``2.14`` for ``2.14.1+cu130`` or ``2.12.*``."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def _given_pythons(session: nox.Session) -> tuple[dict[str, list[str]], list[str]]:
+    """The interpreters given as ``--python PATH`` (repeatable), by the torch release each
+    has (a release may come in two builds), and the other arguments."""
+    given: dict[str, list[str]] = {}
+    rest: list[str] = []
+    args = iter(session.posargs)
+    for arg in args:
+        if arg != "--python":
+            rest.append(arg)
+            continue
+        python = next(args, None)
+        if python is None:
+            session.error("--python needs a path to an interpreter with torch")
+        version = session.run(
+            python, "-c", "import torch; print(torch.__version__)", silent=True, external=True
+        )
+        given.setdefault(_release(version.strip().splitlines()[-1]), []).append(python)
+    return given, rest
+
+
+def _torch_pythons(
+    session: nox.Session, pin: str, given: dict[str, list[str]], extras: str
+) -> list[str]:
+    """Pythons with torch ``pin``: those given for its release, else a virtual environment
+    of its own under .nox/, made once, with ``torch==pin`` and mpguide's ``extras``."""
+    if _release(pin) in given:
+        session.log(f"torch {pin}: using {', '.join(given[_release(pin)])}")
+        return given[_release(pin)]
+    env = ROOT / ".nox" / f"torch-{pin.replace('*', 'x')}"
+    python = env / "bin" / "python"
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(env), external=True)
+    spec = f".[{extras}]" if extras else "."
+    session.run(
+        str(python), "-m", "pip", "install", "--quiet", f"torch=={pin}", "-e", spec, external=True
+    )
+    return [str(python)]
+
+
+@nox.session(venv_backend="none", default=False)
+def versions(session: nox.Session) -> None:
+    """Record the version-sensitive facts (autocast policies, switch defaults, the facts of
+    mpguide.core.versions) on every torch of the window, one after the other, into
+    docs/recorded/versions/<torch>.json.
+
+    Each torch gets an environment of its own under .nox/ (``torch==X`` from the package
+    index pip is configured with); ``-- --python PATH`` (repeatable) uses an existing
+    interpreter for the release its torch belongs to instead, one per build of a release
+    (CPU-only and standard builds are recorded side by side)."""
+    given, rest = _given_pythons(session)
+    out = Path("docs", "recorded", "versions")  # relative: the recordings quote the command
+    for pin in RELEASES:
+        for python in _torch_pythons(session, pin, given, ""):
+            session.run(
+                python,
+                "-m",
+                "mpguide.core.version_probes",
+                "--out",
+                str(out),
+                *rest,
+                env={"PYTHONPATH": str(ROOT)},
+                external=True,
+            )
+
+
+@nox.session(venv_backend="none", default=False)
+@nox.parametrize("pin", [RELEASES[0], RELEASES[-1]], ids=["oldest", "newest"])
+def compat(session: nox.Session, pin: str) -> None:
+    """Run the tests and every example as a plain script on the window's oldest and newest
+    torch (``nox -s "compat(oldest)"`` for one). ``-- --python PATH`` uses an existing
+    interpreter for its torch's release; other arguments go to pytest."""
+    given, rest = _given_pythons(session)
+    python = _torch_pythons(session, pin, given, "test")[0]
+    env = {"PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
+    workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
+    session.run(python, "-m", "pytest", *workers, *rest, env=env, external=True)
+    for example in sorted(ROOT.glob("examples/*/plot_*.py")):
+        session.log(f"example {example.relative_to(ROOT)}")
+        session.run(python, str(example), env=env, external=True, silent=True)

@@ -394,9 +394,27 @@ def _option(flag: str, value: str | None):
         raise MPGuideError(f"--{flag}: {err}") from None
 
 
+def _first_error(err: BaseException, fn, inputs, target, low) -> BaseException:
+    """The error behind a failed capture: the first one Dynamo wrapped, and where Dynamo saw
+    the reader's function raise (torch 2.11 keeps only the exception's type), that function's
+    own error, from running it once more without compiling (on the same inputs)."""
+    from torch._dynamo.exc import ObservedException
+
+    from mpguide.autocast import device
+
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__  # Dynamo wraps the first error
+    if isinstance(err, ObservedException):
+        try:
+            with device.autocast(target, low):
+                fn(*inputs)
+        except (Exception, SystemExit) as own:  # noqa: BLE001 -- the reader's function
+            return own
+    return err
+
+
 def _graph(args: argparse.Namespace) -> str:
     import msgspec
-    import torch
 
     from mpguide.autocast import device
     from mpguide.compiled import graphs
@@ -405,10 +423,7 @@ def _graph(args: argparse.Namespace) -> str:
     fn = _load_spec(args.function)
     target = device.target(args.device, simulate=True)
     if args.backward and not device.simulates_autograd(target.device.type):
-        raise MPGuideError(
-            f"no backward graph on a simulated {target.device.type}: torch {torch.__version__} "
-            "cannot run autograd there (a build with that device can)"
-        )
+        raise MPGuideError(f"no backward graph: {device.no_autograd_reason(target.device.type)}")
     try:
         low = None if args.autocast is None else dtypes.autocast_dtype(args.autocast)
     except MPGuideError:
@@ -423,8 +438,7 @@ def _graph(args: argparse.Namespace) -> str:
         except MPGuideError:
             raise
         except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's function
-            while err.__cause__ is not None or err.__context__ is not None:
-                err = err.__cause__ or err.__context__  # Dynamo wraps the first error
+            err = _first_error(err, fn, inputs, target, low)
             raise MPGuideError(f"tracing {args.function} raised {_reader_error(err)}") from None
     which = list(captured.graphs())
     if args.format == "json":

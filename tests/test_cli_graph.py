@@ -1,7 +1,6 @@
 import json
 
 import pytest
-import torch
 
 from mpguide.autocast import device
 
@@ -101,7 +100,7 @@ def test_autocast_puts_its_casts_in_the_graph(functions, mpguide_main):
             "invalid choice: 'eager'",
         ),
         (["{f}:scale_and_sin", "--inputs", "f32[2]", "--autocast", "float32"], "--autocast takes"),
-        (["{f}:raises", "--inputs", "f32[2]"], 'ValueError("the reader\'s bug")'),
+        (["{f}:raises", "--inputs", "f32[2]"], "raised ValueError: the reader's bug"),
         (["{f}:scale_and_sin"], "required: --inputs"),
     ],
 )
@@ -120,7 +119,7 @@ def test_a_package_module_spec_names_the_same_function(functions, mpguide_main):
     assert "aten.sin" in proc.stdout
 
 
-@pytest.mark.skipif(torch.cuda._is_compiled(), reason="this build runs autograd on CUDA")
+@pytest.mark.skipif(device.simulates_autograd("cuda"), reason="autograd runs on CUDA here")
 def test_backward_on_a_device_this_build_cannot_differentiate_is_refused(functions, mpguide_main):
     proc = mpguide_main(
         "graph",
@@ -132,4 +131,5 @@ def test_backward_on_a_device_this_build_cannot_differentiate_is_refused(functio
         "--backward",
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "no backward graph on a simulated cuda" in proc.stderr
+    assert "no backward graph" in proc.stderr
+    assert "cannot run autograd on a simulated cuda" in proc.stderr

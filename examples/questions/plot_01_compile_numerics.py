@@ -26,7 +26,7 @@ device.describe(dev)
 
 RUN = (backends.EAGER, backends.INDUCTOR, backends.EMULATE)
 # Inductor's CPU code honours emulate_precision_casts only from 2.13 on.
-emulates = dev.type != "cpu" or versions.change("cpu_emulate_precision_casts").holds
+emulates = dev.type != "cpu" or versions.change("inductor_cpu_bf16_round_trip").holds
 gen = torch.Generator(device=dev).manual_seed(0)
 
 
@@ -166,7 +166,7 @@ assert all(r["inductor+emulate_precision_casts equals eager"] is emulates
            for r in emulated.records())
 print(f"on torch {torch.__version__} ({dev.type}): emulate_precision_casts "
       f"{'restores' if emulates else 'does not restore'} eager's bits; on the CPU, "
-      + versions.change("cpu_emulate_precision_casts").describe())
+      + versions.change("inductor_cpu_bf16_round_trip").describe())
 
 # %%
 # The switch rounds every intermediate that eager would have written to bf16, which is all a

@@ -259,10 +259,18 @@ def built(dev_type: str) -> bool:
 
 
 def simulates_autograd(dev_type: str) -> bool:
-    """Whether autograd can run on fake ``dev_type`` tensors in this build: only where it is
-    :func:`built`. On a CPU-only build the first op on a fake CUDA tensor that requires grad
-    aborts the process."""
-    return built(dev_type)
+    """Whether autograd can run on fake ``dev_type`` tensors here: only where the device is
+    :func:`present` (a build that has it compiled in is not enough). On a CPU-only build the
+    first op on a fake CUDA tensor that requires grad aborts the process; on a CUDA build without
+    a GPU the backward pass asks the device for its streams and raises."""
+    return present(dev_type)
+
+
+def no_autograd_reason(dev_type: str) -> str:
+    """Why autograd cannot run on a simulated ``dev_type`` here (see :func:`simulates_autograd`),
+    in words for a note or an error."""
+    why = "not in this build" if not built(dev_type) else f"this machine has no {dev_type} device"
+    return f"torch {torch.__version__} cannot run autograd on a simulated {dev_type} ({why})"
 
 
 def _index(x: torch.Tensor, index: Any) -> tuple[torch.Tensor, list] | None:

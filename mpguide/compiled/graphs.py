@@ -352,13 +352,15 @@ def _grad_outputs(out: Any) -> list[torch.Tensor]:
 def _leaves(outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The leaf tensors (inputs, parameters) that ``outs`` depend on through autograd."""
     found: dict[int, torch.Tensor] = {}
-    seen: set[int] = set()
+    # Nodes are kept alive while walking: a Python wrapper of a node can be freed as soon as it
+    # is popped, and its id() reused by the next one, which would end the walk early.
+    seen: dict[int, Any] = {}
     stack = [o.grad_fn for o in outs if o.grad_fn is not None]
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         if hasattr(fn, "variable"):
             found[id(fn.variable)] = fn.variable
         stack.extend(f for f, _ in fn.next_functions)
@@ -476,8 +478,8 @@ def _fake_mode(values: Any):
 @contextmanager
 def _no_constant_folding() -> Iterator[None]:
     """AOTAutograd's tracer without constant folding: it computes a small constant (a
-    ``torch.tensor([])`` moved to the device) on real tensors, which a device this build lacks
-    cannot hold."""
+    ``torch.tensor([])`` moved to the device) on real tensors, which a device this machine
+    lacks cannot hold."""
     from torch.fx.experimental import proxy_tensor
 
     limit = proxy_tensor.CONSTANT_NUMEL_LIMIT
@@ -556,7 +558,7 @@ def capture(
             nullcontext() if fake is None else _device.aten_methods(dev),
             torch.no_grad() if no_grad else nullcontext(),
             _no_constant_folding()
-            if fake is not None and not _device.built(dev)
+            if fake is not None and not _device.present(dev)
             else nullcontext(),
         ):
             compiled = torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False)
@@ -574,7 +576,7 @@ def capture(
     if len(fw) != 1:
         raise MPGuideError(f"expected one forward graph from {backend}, got {len(fw)}")
     if any(dropped):
-        notes.append(f"no backward graph: torch {torch.__version__} cannot run autograd on {dev}")
+        notes.append(f"no backward graph: {_device.no_autograd_reason(dev)}")
     return Graphs(
         backend,
         fw[0],

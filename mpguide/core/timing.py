@@ -201,7 +201,8 @@ class Memory:
 def _cpu_peak(fn: Callable[[], Any]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    # acc_events: one cycle either way; without it 2.11 and 2.12 warn (versions.CHANGES)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, acc_events=True) as prof:
         fn()
     events = sorted(
         (e.start_ns(), e.nbytes())

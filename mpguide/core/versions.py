@@ -70,16 +70,65 @@ def change(name: str) -> Change:
     return CHANGES[name]
 
 
+# Each ``since`` was found by running the fact's probe on 2.11.0, 2.12.1, 2.13.0 and 2.14.1 (the
+# standard builds, and 2.13.0's CPU-only build); ``nox -s versions`` records them again.
+
+# -- autocast and dtype rules ----------------------------------------------------------------
 _change(
-    "cpu_emulate_precision_casts",
+    "rms_norm_cuda_autocast",
+    "2.12",
+    before="rms_norm has no CUDA autocast rule: under CUDA autocast it keeps its input dtype",
+    after="rms_norm is on CUDA autocast's float32 list: under CUDA autocast it returns float32",
+)
+_change(
+    "addmv_cpu_mixed_bias",
+    "2.12",
+    before="CPU addmv with a bf16 bias and a float32 matrix and vector returns float32",
+    after="CPU addmv with a bf16 bias and a float32 matrix and vector raises",
+)
+_change(
+    "quantile_fake_tensor",
+    "2.12",
+    before="quantile raises on fake tensors (the fake tensor mode calls its output "
+    "data-dependent), so a simulated device has no dtype for it",
+    after="quantile runs on fake tensors, so a simulated device gives its dtype",
+)
+_change(
+    "quantile_internal_float64",
+    "2.14",
+    before="float32 quantile computes in float32",
+    after="float32 quantile casts its input to float64 and the result back to float32 inside",
+)
+
+# -- profiler -----------------------------------------------------------------------------------
+_change(
+    "profiler_acc_events",
     "2.13",
-    "inductor's emulate_precision_casts changes nothing on the CPU: fused bf16 intermediates stay "
-    "in float32",
-    "inductor's emulate_precision_casts rounds fused bf16 intermediates on the CPU as eager does",
+    before="torch.profiler.profile without acc_events=True warns on its first cycle that it "
+    "clears events at the end of each cycle",
+    after="torch.profiler.profile without acc_events=True warns only when a second cycle starts",
+)
+
+# -- torch.compile -----------------------------------------------------------------------------
+_change(
+    "dynamo_user_error_type",
+    "2.12",
+    before="an exception raised in a compiled function reaches the caller wrapped with its type "
+    "only, not its message",
+    after="an exception raised in a compiled function reaches the caller wrapped with its "
+    "type and message",
+)
+_change(
+    "inductor_cpu_bf16_round_trip",
+    "2.13",
+    before="inductor's pointless_convert pass removes a float32 -> bf16 -> float32 round trip "
+    "from the graph, so no code rounds to bf16, even with emulate_precision_casts",
+    after="inductor keeps a float32 -> bf16 -> float32 round trip in the graph; its CPU code "
+    "rounds to bf16 only with emulate_precision_casts",
 )
 _change(
     "compile_rejects_mixed_matmul",
     "2.12",
-    "inductor compiles a float16 @ float32 matmul that eager rejects, and returns float32",
-    "tracing rejects a float16 @ float32 matmul as eager does",
+    before="inductor compiles a float16 @ float32 matmul that eager rejects, and returns float32",
+    after="tracing rejects a float16 @ float32 matmul as eager does",
 )

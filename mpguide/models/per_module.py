@@ -609,10 +609,7 @@ def report(
         raise MPGuideError("the reference is float64 already; cast to a narrower dtype")
     target = device if isinstance(device, _device.Target) else _device.target(device, simulate)
     if backward and target.simulated and not _device.simulates_autograd(target.device.type):
-        raise MPGuideError(
-            f"no backward pass on a simulated {target.device.type}: torch {torch.__version__} "
-            "cannot run autograd there (a build with that device can)"
-        )
+        raise MPGuideError(f"no backward pass: {_device.no_autograd_reason(target.device.type)}")
     args, kwargs = _inputs(inputs)
     low_model = model
     if dtype is not None or (not target.simulated and _on_other_device(model, target)):

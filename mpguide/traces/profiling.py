@@ -57,6 +57,7 @@ def profile_fn(
         schedule=schedule(wait=wait, warmup=warmup, active=active),
         record_shapes=record_shapes,
         with_stack=with_stack,
+        acc_events=True,  # one cycle: the same events; without it 2.11 and 2.12 warn
     ) as prof:
         for _ in range(wait + warmup + active):
             fn()
