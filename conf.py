@@ -89,7 +89,7 @@ nb_execution_timeout = 300
 nb_merge_streams = True
 
 # sphinx-gallery
-CHAPTERS = ["autocast", "profiler", "compile", "autograd", "numerics", "inference", "training", "model"]
+CHAPTERS = ["autocast", "profiler", "compile", "autograd", "numerics", "inference", "training", "model", "lowbit"]
 sphinx_gallery_conf = {
     "examples_dirs": "examples",
     "gallery_dirs": "docs/auto_examples",

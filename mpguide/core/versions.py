@@ -68,3 +68,11 @@ def _change(name: str, since: str, before: str, after: str) -> Change:
 def change(name: str) -> Change:
     """The change called ``name``."""
     return CHANGES[name]
+
+
+_change(
+    "fp8_e4m3fn_cast_saturates",
+    "2.12",
+    before="a cast to float8_e4m3fn turns finite values past 448 and infinities into NaN",
+    after="a cast to float8_e4m3fn saturates finite values past 448 and infinities to ±448",
+)
