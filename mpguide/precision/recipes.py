@@ -33,7 +33,6 @@ FP8_EPS = 1e-12
 FP8_RECIPES = ("tensorwise", "rowwise", "blockwise_1x128", "blockwise_128x128")
 MX_ELEMENTS = {"mxfp8": "float8_e4m3fn", "mxfp6": "fp6_e2m3", "mxfp4": "fp4_e2m1"}
 MX_SCALE_MODES = ("floor", "rceil")
-_F32_MIN_NORMAL = 2.0**-126
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,7 @@ def mx(
         exponent_field = (amax.view(torch.int32) >> 23) & 0xFF
         biased = (exponent_field - 127 - fmt.emax).clamp(-127, 128) + 127
         biased = torch.where(torch.isnan(amax), 255, biased)
-        scale = torch.ldexp(torch.ones_like(amax), biased - 127).clamp(min=_F32_MIN_NORMAL)
+        scale = torch.ldexp(torch.ones_like(amax), biased - 127)
         scaled = blocks / scale
     else:
         descale = amax / fmt.max
