@@ -56,7 +56,15 @@ def test_nearest_rounding_agrees_with_torch_casts(name):
     fmt = lowbit.get(name)
     x = _probes(fmt)
     x = x[x.abs() <= fmt.max]
-    assert torch.equal(lowbit.round_to(x, fmt), x.to(fmt.dtype).float())
+    # The arithmetic (the path of saturate=False) against the cast, on in-range values.
+    assert torch.equal(lowbit.round_to(x, fmt, saturate=False), x.to(fmt.dtype).float())
+    # The saturating path (a clamp, then the cast) agrees with the arithmetic, saturated.
+    wide = torch.cat([x, x * 1000, torch.tensor([math.inf, -math.inf])])
+    arithmetic = lowbit.round_to(wide, fmt, saturate=False)
+    arithmetic = torch.where(
+        arithmetic.isnan() | arithmetic.isinf(), wide.sign() * fmt.max, arithmetic
+    )
+    assert torch.equal(lowbit.round_to(wide, fmt), arithmetic)
 
 
 def test_ties_go_to_even():

@@ -76,6 +76,17 @@ def _blocked(x: torch.Tensor, rows: int | None, cols: int | None) -> torch.Tenso
     return flat.reshape(n_rows // rows, rows, n_cols // cols, cols)
 
 
+Rounding = tuple[str, "torch.Generator | None"]
+"""How elements are rounded: one of :data:`mpguide.precision.lowbit.ROUNDINGS`, and the
+generator of stochastic rounding."""
+
+
+def _round(scaled: torch.Tensor, fmt: lowbit.Element, rounding: Rounding) -> torch.Tensor:
+    """Elements clamped to ±max, then rounded onto the grid."""
+    how, generator = rounding
+    return lowbit.round_to(scaled.clamp(-fmt.max, fmt.max), fmt, how, generator=generator)
+
+
 def _amax(blocks: torch.Tensor) -> torch.Tensor:
     return blocks.abs().amax(dim=(1, 3), keepdim=True)
 
@@ -88,10 +99,15 @@ def _fp8_element(name: str) -> lowbit.Element:
 
 
 def _scaled_fp8(
-    recipe: str, x: torch.Tensor, blocks: torch.Tensor, s: torch.Tensor, fmt: lowbit.Element
+    recipe: str,
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    s: torch.Tensor,
+    fmt: lowbit.Element,
+    rounding: Rounding = ("nearest", None),
 ) -> Quantized:
     scaled = blocks * s
-    elements = lowbit.round_to(scaled.clamp(-fmt.max, fmt.max), fmt)
+    elements = _round(scaled, fmt, rounding)
     per_block = blocks[0, :, 0, :].numel()
     return Quantized(
         recipe=recipe,
@@ -117,6 +133,8 @@ def fp8(
     fmt: str = "float8_e4m3fn",
     *,
     pow2: bool = False,
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
 ) -> Quantized:
     """``x`` quantized to fp8 under ``recipe`` (one of :data:`FP8_RECIPES`): one scale for the
     tensor, per row (the last dimension), per 1×128 or per 128×128 block."""
@@ -130,7 +148,8 @@ def fp8(
     if recipe not in shapes:
         raise MPGuideError(f"unknown fp8 recipe {recipe!r}; choose one of {', '.join(shapes)}")
     blocks = _blocked(x, *shapes[recipe])
-    return _scaled_fp8(recipe, x, blocks, fp8_scale(_amax(blocks), element, pow2), element)
+    s = fp8_scale(_amax(blocks), element, pow2)
+    return _scaled_fp8(recipe, x, blocks, s, element, (rounding, generator))
 
 
 class DelayedScaling:
@@ -159,7 +178,13 @@ class DelayedScaling:
 
 
 def mx(
-    x: torch.Tensor, kind: str = "mxfp8", *, block: int = 32, scale_mode: str = "floor"
+    x: torch.Tensor,
+    kind: str = "mxfp8",
+    *,
+    block: int = 32,
+    scale_mode: str = "floor",
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
 ) -> Quantized:
     """``x`` quantized to an MX format (``mxfp8``, ``mxfp6``, ``mxfp4``, or ``mx`` plus any
     element name) with one e8m0 scale per ``block`` values of the last dimension."""
@@ -185,7 +210,7 @@ def mx(
         biased = torch.where(torch.isnan(descale), 255, biased)
         scale = torch.ldexp(torch.ones_like(amax), biased - 127)
         scaled = blocks * torch.ldexp(torch.ones_like(amax), 127 - biased)
-    elements = lowbit.round_to(scaled.clamp(-fmt.max, fmt.max), fmt)
+    elements = _round(scaled, fmt, (rounding, generator))
     return Quantized(
         recipe=f"mx{fmt.bits}" if kind in MX_ELEMENTS else kind,
         element=fmt.name,
@@ -197,7 +222,14 @@ def mx(
     )
 
 
-def nvfp4(x: torch.Tensor, *, block: int = 16, tensor_scale: bool = True) -> Quantized:
+def nvfp4(
+    x: torch.Tensor,
+    *,
+    block: int = 16,
+    tensor_scale: bool = True,
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
+) -> Quantized:
     """``x`` quantized to NVFP4: fp4 e2m1 elements, an e4m3 scale per ``block`` values of the
     last dimension and (``tensor_scale``) a float32 scale for the tensor, ``amax / (448 * 6)``,
     that the e4m3 scales are divided by. An all-zero tensor quantizes to zeros."""
@@ -216,7 +248,7 @@ def nvfp4(x: torch.Tensor, *, block: int = 16, tensor_scale: bool = True) -> Qua
         s8 = lowbit.round_to(block_scale.clamp(tiny, e4m3.max), e4m3)
         scaled = blocks * (1.0 / s8)
         scale = s8
-    elements = lowbit.round_to(scaled.clamp(-e2m1.max, e2m1.max), e2m1)
+    elements = _round(scaled, e2m1, (rounding, generator))
     return Quantized(
         recipe="nvfp4" if tensor_scale else "nvfp4 (no tensor scale)",
         element=e2m1.name,
@@ -233,15 +265,23 @@ RECIPES = (*FP8_RECIPES, "mxfp8", "mxfp6", "mxfp4", "nvfp4")
 :class:`DelayedScaling`)."""
 
 
-def quantize(x: torch.Tensor, recipe: str, *, block: int | None = None) -> Quantized:
+def quantize(
+    x: torch.Tensor,
+    recipe: str,
+    *,
+    block: int | None = None,
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
+) -> Quantized:
     """``x`` under the recipe called ``recipe`` (one of :data:`RECIPES`), with its default
-    block size or ``block`` (MX and NVFP4 only)."""
+    block size or ``block`` (MX and NVFP4 only), its elements rounded by ``rounding``."""
+    how = {"rounding": rounding, "generator": generator}
     if recipe in FP8_RECIPES:
         if block is not None:
             raise MPGuideError(f"{recipe} has a fixed block; block sizes are for MX and NVFP4")
-        return fp8(x, recipe)
+        return fp8(x, recipe, **how)
     if recipe in MX_ELEMENTS:
-        return mx(x, recipe, block=block or 32)
+        return mx(x, recipe, block=block or 32, **how)
     if recipe == "nvfp4":
-        return nvfp4(x, block=block or 16)
+        return nvfp4(x, block=block or 16, **how)
     raise MPGuideError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
