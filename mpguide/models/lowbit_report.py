@@ -216,3 +216,23 @@ def main(args: Any, factory: Any, readers_code: Any) -> str:
         result = report(model, inputs, args.target, backward=args.backward)
     table = result.table(limit=args.limit or None)
     return table.render("table" if args.format == "text" else args.format)
+
+
+def by_kind(captured: list[Captured], targets: tuple[str, ...] | list[str]) -> Table:
+    """For activations (inputs), weights and output gradients of the captured layers: the
+    median error over the layers under each target, and the layer where it is largest."""
+    kinds = {
+        "activations": [(c.name, c.input) for c in captured],
+        "weights": [(c.name, c.weight) for c in captured],
+        "gradients": [(c.name, c.grad_output) for c in captured if c.grad_output is not None],
+    }
+    rows = []
+    for kind, tensors in kinds.items():
+        for target in targets if tensors else ():
+            errors = sorted(
+                (lowbit_errors.quantize(t, target).rel_error, name) for name, t in tensors
+            )
+            rows.append((kind, target, errors[(len(errors) - 1) // 2][0], *errors[-1]))
+    columns = ("tensors", "recipe", "median rel error", "worst rel error", "worst layer")
+    caption = f"error against float64 over {len(captured)} linear layers (live, on the CPU)"
+    return Table(columns, tuple(rows), caption)
