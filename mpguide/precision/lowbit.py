@@ -181,14 +181,19 @@ def round_to(
     if rounding == "nearest":
         # Normal values: float32's mantissa rounded to the format's; below the smallest
         # normal, multiples of the smallest subnormal (both exact, ties to even).
+        # (v + 2**23) - 2**23 rounds a float32 v below 2**22 to an integer, ties to even
+        # (torch.round is a scalar loop on some CPU builds).
         sub_scale = 2.0 ** (m_bits - emin)
-        sub = torch.round(a * sub_scale) / sub_scale
+        sub = ((a * sub_scale + 2.0**23) - 2.0**23) / sub_scale
         q = torch.where(a < 2.0**emin, sub, _round_mantissa(a, m_bits))
     else:
         exponent = (((a.view(torch.int32) >> 23) & 0xFF) - 127).clamp(min=emin)
         step = torch.ldexp(torch.ones_like(a), exponent - m_bits)
         noise = torch.rand(a.shape, generator=generator, dtype=torch.float64, device=a.device)
-        q = (torch.floor(a.double() / step + noise) * step).float()
+        # Below 2**(mantissa + 2) here (inf and NaN aside, restored below): the cast to int64
+        # is the floor, and fast.
+        scaled = (a.double() / step + noise).clamp(max=2.0**24)
+        q = torch.where(torch.isinf(a), a, (scaled.to(torch.int64) * step).float())
     if saturate:
         over = torch.full_like(q, fmt.max)
     else:
