@@ -52,7 +52,7 @@ table
 # The MX scale: the spec's floor against cuBLAS's rounding up
 # -----------------------------------------------------------
 # OCP MX v1.0 takes the scale ``2**(floor(log2 amax) - emax)``, with ``emax`` the exponent of the
-# element format's largest power of two (8 for e4m3, whose max is 1.75 × 2**8). A block whose
+# element format's largest power of two (8 for e4m3, whose max is ``1.75 * 2**8``). A block whose
 # amax has a mantissa above 1.75 then lands above 448 and *saturates*. cuBLAS (and torchao's
 # ``rceil``) rounds ``amax / 448`` up to a power of two instead: nothing saturates, the block
 # uses a little less of the range.
