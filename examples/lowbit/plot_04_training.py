@@ -5,8 +5,8 @@ Training under each recipe
 Does a recipe's quantization error cost the training loss? We train the training chapter's small
 model (next character of a torch source file) with every linear layer's three GEMMs fake-quantized
 (the forward, the input gradient and the weight gradient, each operand quantized along the inner
-dimension and multiplied in float32) under bf16, fp8 tensorwise, rowwise and blockwise, MXFP8,
-MXFP4 and NVFP4, then NVFP4 with stochastic rounding of the gradients, with a random Hadamard
+dimension and multiplied in float32) under bf16, fp8 tensorwise, rowwise and blockwise, MXFP8
+and NVFP4, then NVFP4 with stochastic rounding of the gradients, with a random Hadamard
 transform of the weight-gradient operands, and with the first and last layers kept in bf16. Every
 run starts from the same weights and sees the same batches.
 """
@@ -26,7 +26,7 @@ device.describe(torch.device("cpu"))
 # The model: embeddings of 8 characters, then three linear layers (named ``2``, ``4`` and ``6``
 # in its :class:`torch.nn.Sequential`; ``6`` is the output head), AdamW on float32 weights with
 # a cosine learning rate. Only the GEMMs are quantized.
-from mpguide.training import lowbit, loop
+from mpguide.training import loop, lowbit
 
 task = loop.char_task()
 STEPS = 100
@@ -36,14 +36,13 @@ plan = [
     lowbit.recipe("fp8 rowwise"),
     lowbit.recipe("fp8 blockwise"),
     lowbit.recipe("mxfp8"),
-    lowbit.recipe("mxfp4"),
     lowbit.recipe("nvfp4"),
     lowbit.recipe("nvfp4", sr=True),
     lowbit.recipe("nvfp4", sr=True, rht=True),
     lowbit.recipe("nvfp4", sr=True, rht=True, keep=("6",)),
     lowbit.recipe("nvfp4", sr=True, rht=True, keep=("2", "6")),
 ]
-runs = {r.name: r for r in lowbit.train(plan, task, steps=STEPS)}
+runs = {r.name: r for r in lowbit.train(plan, task, steps=STEPS, batch=64)}
 print(task)
 print(f"{len(runs)} recipes, {STEPS} steps each")
 
@@ -85,7 +84,12 @@ gaps = from_records(rows, f"training loss under each recipe, {STEPS} steps (live
 gap = {r["recipe"]: r["held-out gap"] for r in rows}
 fp8 = ["fp8 tensorwise", "fp8 rowwise", "fp8 blockwise", "mxfp8"]
 assert all(abs(gap[n]) < gap["nvfp4"] for n in fp8), "every 8-bit recipe trains closer to bf16"
-assert gap["nvfp4"] > 0 and gap["mxfp4"] > 0
+assert gap["nvfp4"] > 0
+for r in rows:
+    print(
+        f"{r['recipe']:28} final {r['final loss']:.4f} gap {r['gap']:+.4f} "
+        f"held-out {r['held-out']:.4f} gap {r['held-out gap']:+.4f}"
+    )
 gaps
 
 # %%
@@ -120,7 +124,7 @@ assert gap["nvfp4 (sr, rht, bf16 2, 6)"] < full
 # What we saw
 # -----------
 # - With the same weights and batches, the 8-bit recipes (fp8 with any scaling, MXFP8) end
-#   closer to bf16 than NVFP4; MXFP4 and NVFP4 train with a visible gap.
+#   closer to bf16 than NVFP4, which trains with a visible gap.
 # - Keeping the first and last layers in bf16 narrows NVFP4's gap (the table above says by how
 #   much on this run).
 #
