@@ -88,6 +88,13 @@ def test_cli_names_the_layer_to_keep(folder, run):
     assert table["notes"][1] == "keep in higher precision first: 2, 0"
 
 
+def test_cli_csv_puts_the_notes_on_stderr(folder, run):
+    proc = run(folder, "factories.py:make", "--target", "tensorwise", "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("module,")
+    assert "mpguide: note: keep in higher precision first: " in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -15,6 +15,7 @@ precision first.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -215,6 +216,9 @@ def main(args: Any, factory: Any, readers_code: Any) -> str:
     with readers_code(f"running the model of {args.spec} on its inputs"):
         result = report(model, inputs, args.target, backward=args.backward)
     table = result.table(limit=args.limit or None)
+    if args.format == "csv":
+        for note in (table.caption, *table.notes):
+            print(f"mpguide: note: {note}", file=sys.stderr)
     return table.render("table" if args.format == "text" else args.format)
 
 
