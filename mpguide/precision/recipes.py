@@ -10,7 +10,9 @@ and the dequantized values).
   (Transformer Engine's amax history), so this step's outliers saturate.
 - ``mx``: OCP MX v1.0, a power-of-two e8m0 scale per block of 32 along the last dimension,
   ``2**(floor(log2 amax) - emax_elem)`` (``floor``, the spec's) or
-  ``2**ceil(log2(amax / max_elem))`` (``rceil``, cuBLAS's); elements saturate.
+  ``2**ceil(log2(amax / max_elem))`` (``rceil``, cuBLAS's); elements saturate. A block whose
+  scale is ``2**-127`` is scaled by it, as the spec says; torchao 0.18 halves such blocks
+  (floor) or zeroes them (rceil), which only blocks with amax below about ``2**-118`` meet.
 - ``nvfp4``: fp4 e2m1 elements, an e4m3 scale per block of 16 and a float32 tensor scale
   ``amax / (448 * 6)`` (torchao's arithmetic order).
 
