@@ -89,9 +89,19 @@ nb_execution_timeout = 300
 nb_merge_streams = True
 
 # sphinx-gallery
-CHAPTERS = ["autocast", "profiler", "compile", "autograd", "numerics", "inference", "training", "model"]
-# Readers' questions, answered as asked: after the chapters their answers link to.
-CHAPTERS.append("questions")
+CHAPTERS = [
+    "autocast",
+    "profiler",
+    "compile",
+    "autograd",
+    "numerics",
+    "inference",
+    "training",
+    "model",
+    "lowbit",
+    # Readers' questions, answered as asked: after the chapters their answers link to.
+    "questions",
+]
 sphinx_gallery_conf = {
     "examples_dirs": "examples",
     "gallery_dirs": "docs/auto_examples",

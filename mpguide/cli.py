@@ -364,6 +364,10 @@ def _model(args: argparse.Namespace) -> str:
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
+    if args.target is not None:
+        from mpguide.models import lowbit_report
+
+        return lowbit_report.main(args, _factory, _readers_code)
     target = device.target(args.device, simulate=args.simulate)
     model, inputs = _factory(args.spec)
     with _readers_code(f"running the model of {args.spec} on its inputs"):
@@ -689,6 +693,13 @@ def parser() -> argparse.ArgumentParser:
         "(default: cuda when present, else cpu)",
     )
     s.add_argument("--simulate", action="store_true", help="simulate the device even when present")
+    s.add_argument(
+        "--target",
+        metavar="FORMAT",
+        help="report every linear layer quantized to a low-bit recipe or format instead "
+        "(tensorwise, rowwise, blockwise_1x128, mxfp8, mxfp4, nvfp4, float8_e4m3fn, ...): "
+        "values flushed to zero or past the max, error against float64, layers to keep",
+    )
     s.add_argument(
         "--backward",
         action="store_true",

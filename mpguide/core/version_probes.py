@@ -379,6 +379,13 @@ def _compile_mixed_matmul() -> str:
     return dtypes.name(out.dtype)
 
 
+@fact("fp8_e4m3fn_cast_saturates")
+def _fp8_cast_overflow() -> str:
+    """What a cast to float8_e4m3fn makes of a finite value past its largest (448) and of inf."""
+    got = torch.tensor([1000.0, float("inf")]).to(torch.float8_e4m3fn).float().tolist()
+    return ", ".join(str(v) for v in got)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mpguide.core.version_probes",

@@ -132,3 +132,12 @@ _change(
     before="inductor compiles a float16 @ float32 matmul that eager rejects, and returns float32",
     after="tracing rejects a float16 @ float32 matmul as eager does",
 )
+
+# -- formats -------------------------------------------------------------------------------------
+# Measured on the CPU with 2.11.0, 2.12.1, 2.13.0 and 2.14.1 (torchao's float8 code says 2.12).
+_change(
+    "fp8_e4m3fn_cast_saturates",
+    "2.13",
+    before="a cast to float8_e4m3fn turns finite values past 448 and infinities into NaN",
+    after="a cast to float8_e4m3fn saturates finite values past 448 and infinities to ±448",
+)
