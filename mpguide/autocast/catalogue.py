@@ -12,6 +12,7 @@ Python call reaches the registered kernel.
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 import sys
 import warnings
@@ -78,7 +79,10 @@ def _hand() -> dict[str, tuple]:
             lambda t, s=shape: (t(*s),),
             lambda x, m=mode: F.interpolate(x, scale_factor=2.0, mode=m),
         )
-    for name, mode in (("_upsample_bilinear2d_aa", "bilinear"), ("_upsample_bicubic2d_aa", "bicubic")):
+    for name, mode in (
+        ("_upsample_bilinear2d_aa", "bilinear"),
+        ("_upsample_bicubic2d_aa", "bicubic"),
+    ):
         hand[name] = (
             lambda t: (t(1, 2, 8, 8),),
             lambda x, m=mode: F.interpolate(x, scale_factor=0.5, mode=m, antialias=True),
@@ -108,7 +112,9 @@ def _hand() -> dict[str, tuple]:
         ),
         cudnn_convolution=(
             lambda t: (t(1, 3, 8, 8), t(4, 3, 3, 3)),
-            lambda x, w: torch.cudnn_convolution(x, w, [0, 0], [1, 1], [1, 1], 1, False, False, True),
+            lambda x, w: torch.cudnn_convolution(
+                x, w, [0, 0], [1, 1], [1, 1], 1, False, False, True
+            ),
         ),
         cudnn_convolution_transpose=(
             lambda t: (t(1, 3, 8, 8), t(3, 4, 3, 3)),
@@ -116,7 +122,10 @@ def _hand() -> dict[str, tuple]:
                 x, w, [0, 0], [0, 0], [1, 1], [1, 1], 1, False, False, True
             ),
         ),
-        conv_tbc=(lambda t: (t(8, 2, 3), t(3, 3, 4), t(4)), lambda x, w, b: torch.conv_tbc(x, w, b)),
+        conv_tbc=(
+            lambda t: (t(8, 2, 3), t(3, 3, 4), t(4)),
+            lambda x, w, b: torch.conv_tbc(x, w, b),
+        ),
         _grid_sampler_2d_cpu_fallback=(
             lambda t: (t(1, 2, 4, 4), t.unit(1, 3, 3, 2) * 2 - 1),
             lambda x, g: torch._grid_sampler_2d_cpu_fallback(x, g, 0, 0, False),
@@ -173,12 +182,14 @@ def _op_db() -> list | None:
         argv, frozen = sys.argv, torch.backends.flags_frozen()
         try:
             sys.argv = argv[:1]  # its module reads the command line
-            import torch.testing._internal.common_methods_invocations  # noqa: F401
+            importlib.import_module("torch.testing._internal.common_methods_invocations")
         except ImportError:
             return None
         finally:
             sys.argv = argv
-            torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = not frozen
+            torch.backends.flags_frozen.__globals__[
+                "__allow_nonbracketed_mutation_flag"
+            ] = not frozen
     return sys.modules["torch.testing._internal.common_methods_invocations"].op_db
 
 

@@ -573,7 +573,9 @@ def probe_op(
                     f"{failed.error_outside}"
                 )
             elif not failed.casts and _same_error(real, failed):
-                reason = f"the kernel refuses the dtype; the real CPU kernel too: {real.error_outside}"
+                reason = (
+                    f"the kernel refuses the dtype; the real CPU kernel too: {real.error_outside}"
+                )
             else:
                 kind, reason = NEEDS_HARDWARE, f"the meta kernel raises: {failed.error_outside}"
     if kind not in (UNSUPPORTED, NEEDS_HARDWARE):
@@ -590,8 +592,7 @@ def references(dtype: torch.dtype, ops: tuple[Op, ...]) -> dict[str, Reference]:
     """Every op of ``ops`` run on the CPU for real and simulated, under ``dtype`` autocast."""
     live, fake = _device.target("cpu"), _device.target("cpu", simulate=True)
     return {
-        op.name: Reference(_run_all(op, live, dtype, 0), _run_all(op, fake, dtype, 0))
-        for op in ops
+        op.name: Reference(_run_all(op, live, dtype, 0), _run_all(op, fake, dtype, 0)) for op in ops
     }
 
 
