@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mpguide.autocast.policy import Inputs, Op
+from mpguide.core.table import Table
 
 _KERNEL = re.compile(r"^Autocast(\w+): registered at .*\[kernel\]$", re.MULTILINE)
 
@@ -279,3 +280,42 @@ def entries() -> tuple[Entry, ...]:
 def ops() -> tuple[Op, ...]:
     """The probe calls of every registered op that has one."""
     return tuple(e.op for e in entries() if e.op is not None)
+
+
+def coverage(policies) -> Table:
+    """Per device of ``policies`` (probes of :func:`ops` on several devices, a
+    :class:`~mpguide.autocast.policy.Devices`): how many ops it registers an autocast kernel
+    for (and overloads), how many of those were probed, and how many the probe decided."""
+    from mpguide.autocast.policy import NEEDS_HARDWARE
+
+    rows = []
+    for p in policies.policies:
+        names = on(p.device)
+        with_inputs = [n for n in names if p.has(n)]
+        decided = [n for n in with_inputs if p.kind(n) != NEEDS_HARDWARE]
+        overloads = sum(len(registered()[n][p.device]) for n in names)
+        rows.append(
+            (
+                p.device,
+                p.how,
+                f"{len(names)} ({overloads})",
+                len(with_inputs),
+                len(decided),
+                len(with_inputs) - len(decided),
+                len(names) - len(with_inputs),
+            )
+        )
+    return Table(
+        (
+            "device",
+            "obtained",
+            "ops (overloads)",
+            "probed",
+            "decided",
+            NEEDS_HARDWARE,
+            NONE,
+        ),
+        tuple(rows),
+        f"ops with an autocast kernel, torch {torch.__version__}, dtype "
+        f"{str(policies.dtype).removeprefix('torch.')}",
+    )

@@ -334,6 +334,16 @@ def _first_float(value: Any) -> torch.dtype | None:
     return None
 
 
+def _error(err: BaseException) -> str:
+    """:func:`mpguide.error_line`, cut after its first sentence when that line is long (the
+    dispatcher's "Could not run" lists every backend)."""
+    line = error_line(err)
+    if len(line) <= 160:
+        return line
+    end = line.find(". ", 40)
+    return line[: end + 1] if 0 < end < 200 else line[:159] + "…"
+
+
 def _call(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype | None) -> Run:
     log = dtypes.Log()
     warn_always = torch.is_warn_always_enabled()
@@ -345,7 +355,7 @@ def _call(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype | None) -
             with _device.autocast(dev, dtype), log:
                 out = op.call(*args)
         except Exception as err:  # noqa: BLE001 - an op that raises is a finding, not a failure
-            return Run(None, tuple(log.conversions()), error_line(err), calls=tuple(log.calls))
+            return Run(None, tuple(log.conversions()), _error(err), calls=tuple(log.calls))
         finally:
             torch.set_warn_always(warn_always)
     warning = f"{caught[0].category.__name__}: {caught[0].message}" if caught else None
@@ -466,7 +476,7 @@ def _run_all(op: Op, dev: _device.Target, dtype: torch.dtype, seed: int) -> tupl
         try:
             args = op.inputs(Inputs(dev.device, seed, fake=dev.simulated))
         except Exception as err:  # noqa: BLE001 - reported in the probe
-            failed = Run(None, (), f"inputs: {error_line(err)}", error_outside=error_line(err))
+            failed = Run(None, (), f"inputs: {_error(err)}", error_outside=_error(err))
             return failed, failed, None
         n = _n_floats(args)
         fp32_in = run(op, _cast_floats(args, [torch.float32] * n), dev, dtype)
@@ -623,6 +633,10 @@ class Policy:
             if p.op == op:
                 return p
         raise KeyError(op)
+
+    def has(self, op: str) -> bool:
+        """Whether ``op`` was probed."""
+        return any(p.op == op for p in self.probes)
 
     def kind(self, op: str) -> str:
         """The class of one op."""

@@ -68,3 +68,12 @@ def _change(name: str, since: str, before: str, after: str) -> Change:
 def change(name: str) -> Change:
     """The change called ``name``."""
     return CHANGES[name]
+
+
+# -- autocast policy (mpguide.autocast.policy and examples/autocast) --------------------------
+_change(
+    "rms_norm has a CUDA autocast kernel",
+    "2.12",
+    "rms_norm has no autocast kernel on CUDA, XPU or MTIA: it keeps its input dtype",
+    "rms_norm is on the float32 list of CUDA, XPU and MTIA autocast",
+)
