@@ -293,6 +293,44 @@ record.beside(
 )
 
 # %%
+# What ``torch.autocast`` itself accepts
+# --------------------------------------
+# Before any op runs, :class:`torch.autocast` checks the device and the dtype in Python: it may
+# accept the dtype, warn and disable itself, or raise.
+# :func:`mpguide.autocast.accepts.checks` constructs it for every device type and dtype: live
+# on this machine's devices; simulated elsewhere, with the device's availability queries
+# answering as on a machine that has it (for CUDA, a GPU with bf16, and one without).
+from mpguide.autocast import accepts
+
+base = accepts.checks()
+found = base
+if not device.present("cuda"):
+    found += (accepts.check("cuda", torch.bfloat16, simulate=True, bf16=False),
+              accepts.check("cuda", torch.bfloat16, simulate=False))
+python_checks = {(c.device, c.dtype, c.on): c for c in found}
+accepts.table(found)
+
+# %%
+# Asserted: every device accepts bf16 and fp16; the CPU, MPS and XPU warn on float32 and
+# disable autocast; CUDA's checks let float32 and float64 through with no warning (autocast
+# then casts to that dtype); a CUDA GPU without bf16 refuses bf16; and on a machine without a
+# GPU, CUDA autocast warns and disables itself, so nothing is cast.
+for c in found:
+    if c.dtype in (torch.bfloat16, torch.float16) and c in base:
+        assert c.outcome == "accepted" and c.casts_to == c.dtype, c
+for d in ("cpu", "mps", "xpu"):
+    c = python_checks[d, torch.float32, "this machine" if d == "cpu" else "the device"]
+    assert c.outcome == "autocast disabled" and "not supported" in c.warning, c
+cuda_on_gpu = "this machine" if device.present("cuda") else "a GPU with bf16"
+assert python_checks["cuda", torch.float32, cuda_on_gpu].outcome == "accepted"
+assert python_checks["cuda", torch.float32, cuda_on_gpu].warning == ""
+if not device.present("cuda"):
+    assert python_checks["cuda", torch.bfloat16, "a GPU without bf16"].outcome == "raises"
+    no_gpu = python_checks["cuda", torch.bfloat16, "this machine"]
+    assert no_gpu.outcome == "autocast disabled" and no_gpu.warning
+    print(f"torch.autocast('cuda') on this machine (live): {no_gpu.warning}")
+
+# %%
 # The same table on your machine
 # ------------------------------
 # The command line prints it for any device type this build knows, simulated where the machine
@@ -310,6 +348,9 @@ record.beside(
 #   hardware`` only where its autocast hands the kernel the same inputs.
 # - Reductions, softmax, norms, ``exp``, ``log`` and ``pow`` run in float32 under CUDA autocast
 #   and keep bf16 under the CPU's; ``mv``, ``addmv`` and ``addr`` go to bf16 on CUDA only.
+# - ``torch.autocast`` accepts bf16 and fp16 on every device; the CPU, MPS and XPU disable it
+#   with a warning for float32, while CUDA's checks let float32 through (simulated unless this
+#   build ran on a GPU).
 # - ``matmul``, ``mm``, ``bmm``, ``linear`` and ``conv2d`` run in bf16 on every device probed;
 #   other matmul and convolution ops do not on every device (the table above).
 #
