@@ -160,6 +160,7 @@ bf16.differences()
 # softmax, norms and most transcendental functions run in float32 under CUDA autocast and are
 # left alone by the CPU's; ``mv``, ``addmv`` and ``addr`` go to bf16 on CUDA and are left alone
 # on the CPU.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 rms_norm = versions.change("rms_norm has a CUDA autocast kernel")
 print(rms_norm.describe())
 to_float32_on_cuda = (
@@ -193,6 +194,7 @@ Table(
 # every device probed, autocast inserting the float32 -> bf16 casts. The rest of the family is
 # not as uniform: the table lists, per device, the matmul and convolution ops that do not (on
 # CUDA, ``dot``, ``vdot``, ``tensordot`` and ``bilinear`` are on the promote list).
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 family = ("matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "mv", "addmv", "addr", "dot",
           "vdot", "tensordot", "einsum", "bilinear", "linear", "chain_matmul",
           "linalg_multi_dot", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
@@ -240,11 +242,14 @@ if cuda.how == device.SIMULATED:
         assert cuda.kind(op) == policy.NEEDS_HARDWARE, op
         assert "the CPU kernel refuses" in cuda[op].note, op
     # mv's mixed inputs: CUDA autocast casts both to bf16 first, so the CPU's gap does not apply
+    # (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
     assert cuda["mv"].undecided == () and cuda["mv"].mixed_in.out == torch.bfloat16
     # pdist: CUDA autocast casts bf16 inputs to float32, which the CPU kernel takes
+    # (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
     assert cuda.kind("pdist") == policy.FLOAT32
 # Autocast itself refuses binary_cross_entropy on CUDA, float32 inputs too; outside autocast
 # the same call runs.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 bce = cuda["binary_cross_entropy"]
 assert cuda.kind("binary_cross_entropy") == policy.UNSUPPORTED
 assert bce.fp32_in.error is not None and bce.fp32_in.error_outside is None
@@ -256,6 +261,7 @@ undecided
 # -----------------
 # On the CPU and on CUDA, the fp16 policy against the bf16 one: the ops that change class are
 # listed with the reason.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 fp16_cpu = policy.probe("cpu", torch.float16)
 fp16_cuda = policy.probe("cuda", torch.float16)
 cpu_16 = policy.differences(cpu, fp16_cpu)
@@ -315,6 +321,7 @@ accepts.table(found)
 # disable autocast; CUDA's checks let float32 and float64 through with no warning (autocast
 # then casts to that dtype); a CUDA GPU without bf16 refuses bf16; and on a machine without a
 # GPU, CUDA autocast warns and disables itself, so nothing is cast.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 for c in found:
     if c.dtype in (torch.bfloat16, torch.float16) and c in base:
         assert c.outcome == "accepted" and c.casts_to == c.dtype, c

@@ -88,6 +88,7 @@ print("every output dtype agrees with the policy probe of its device")
 # ``softmax`` CUDA autocast calls the op with ``dtype=float32`` added (``softmax``'s composite
 # then casts the input to float32 itself); for ``layer_norm`` it casts the input to float32
 # first. The CPU's autocast calls each op as written.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 rows = []
 for name in ("sum", "softmax", "layer_norm"):
     for t in (cpu, cuda):
@@ -117,6 +118,7 @@ print("cuda: sum and softmax get dtype=float32, layer_norm a bf16 -> float32 cas
 # composite form, which computes in float32 (``pow``, ``mean``, ``rsqrt``) and casts the result
 # back to bf16. Since torch 2.12 the CUDA call gets no warning, because autocast already made
 # every input float32, and keeps the float32 result.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 cpu_rms = seen["rms_norm", "cpu"]
 print(cpu_rms.warning)
 assert cpu_rms.warning is not None and "Cannot dispatch to fused implementation" in cpu_rms.warning
@@ -133,6 +135,7 @@ assert cpu_rms.calls[-1].conversion == (torch.float32, torch.bfloat16)
 # ``cumsum`` and ``softmax`` are ops autocast only adds ``dtype=float32`` to when the caller gave
 # none, so a given ``dtype=`` leaves them alone. On the CPU ``prod`` is on autocast's float32 list:
 # autocast still casts its bf16 input to float32, and the op then returns the requested bf16.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 with_dtype = {
     "softmax(x, dtype=float32)": lambda d: torch.softmax(bf16(d), -1, dtype=torch.float32),
     "softmax(x, dtype=bfloat16)": lambda d: torch.softmax(bf16(d), -1, dtype=torch.bfloat16),
@@ -199,6 +202,7 @@ assert out16_error is not None
 # --------------------------
 # Every call above on a bf16 activation, with and without ``dtype=``, under bf16 autocast on
 # the CPU and on CUDA, coloured by the dtype it returned.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 from mpguide import plots
 
 every_call = {**seen, **given}
@@ -224,6 +228,7 @@ _ = plots.dtype_grid(
 #   touching the op, while the CPU's autocast still casts the input of ``prod``.
 # - With ``out=``, autocast leaves the call alone: the inputs keep their dtype, and an ``out``
 #   of another dtype raises.
+#   (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 #
 # .. admonition:: References
 #

@@ -157,6 +157,7 @@ assert cuda["index_copy"].mixed_in.out == torch.bfloat16
 assert cpu.kind("cat") == policy.PROMOTE and cuda.kind("cat") == policy.UNCHANGED
 assert cpu["cat"].mixed_in.out == cuda["cat"].mixed_in.out == torch.float32
 # CUDA autocast refuses binary_cross_entropy itself, on float32 inputs as well
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 assert rule(cuda["binary_cross_entropy"], torch.float32).startswith("raises: autocast refuses")
 # CUDA autocast makes mixed inputs one dtype before the kernel: decided, no hardware needed
 assert out(cuda["mv"]) == "bfloat16" and out(cuda["index_put"]) == "float32"
@@ -190,6 +191,7 @@ Table(
 #   keep the first input's dtype or raise.
 # - ``layer_norm``, ``mv``, ``addmv`` and ``index_copy`` give different dtypes on the CPU and
 #   on CUDA for the same call.
+#   (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 #
 # .. admonition:: References
 #

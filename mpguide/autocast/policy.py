@@ -582,7 +582,12 @@ def probe_op(
                     f"from the casts autocast inserted; the meta kernel then raised: "
                     f"{failed.error_outside}"
                 )
-            elif not failed.casts and _same_error(real, failed):
+            elif (
+                i == 1
+                and not failed.casts
+                and _same_error(real, failed)
+                and not ref.real[0].error_outside
+            ):
                 reason = (
                     f"the kernel refuses the dtype; the real CPU kernel too: {real.error_outside}"
                 )
