@@ -26,7 +26,7 @@ from collections import Counter
 import torch
 
 from mpguide.autocast import device, policy
-from mpguide.core import versions
+from mpguide.core import dtypes, versions
 from mpguide.core.table import Table
 
 dev = device.pick()
@@ -297,6 +297,27 @@ record.beside(
     cuda.table() if cuda.how == device.LIVE else None,
     machine=cuda.machine,
 )
+
+# %%
+# Across releases
+# ---------------
+# Facts of this table that changed inside the supported window of torch releases, each stated
+# for the running torch and asserted (:mod:`mpguide.core.versions`).
+addmv = versions.change("cpu addmv takes a bf16 bias with float32 operands")
+quantile = versions.change("quantile computes in float64")
+rfft = versions.change("bf16 fft on simulated cuda")
+for fact in (rms_norm, addmv, quantile, rfft):
+    print(fact.describe())
+assert (cpu["addmv"].mixed_in.error is not None) == addmv.holds
+if not addmv.holds:
+    assert cpu["addmv"].mixed_in.out == torch.float32
+with dtypes.Log() as quantile_log:
+    torch.quantile(torch.randn(16), 0.5)
+assert bool(quantile_log.conversions()) == quantile.holds
+assert cpu["quantile"].low_in.casts == ((torch.bfloat16, torch.float32),)  # autocast's only
+if cuda.how == device.SIMULATED:
+    assert cuda.kind("fft_rfft") == (policy.FLOAT32 if rfft.holds else policy.UNSUPPORTED)
+    assert cuda["fft_rfft"].casts == ()  # CUDA autocast has no rule for it either way
 
 # %%
 # What ``torch.autocast`` itself accepts

@@ -77,3 +77,21 @@ _change(
     "rms_norm has no autocast kernel on CUDA, XPU or MTIA: it keeps its input dtype",
     "rms_norm is on the float32 list of CUDA, XPU and MTIA autocast",
 )
+_change(
+    "cpu addmv takes a bf16 bias with float32 operands",
+    "2.12",
+    "the CPU's addmv with a bf16 bias and a float32 matrix and vector returns float32",
+    "the CPU's addmv with a bf16 bias and a float32 matrix and vector raises (one dtype only)",
+)
+_change(
+    "quantile computes in float64",
+    "2.14",
+    "quantile of a float32 tensor computes in float32",
+    "quantile of a float32 tensor casts it to float64 and the result back to float32",
+)
+_change(
+    "bf16 fft on simulated cuda",
+    "2.14",
+    "a bf16 fft.rfft on a fake CUDA tensor raises (Unsupported dtype BFloat16), as the CPU does",
+    "a bf16 fft.rfft on a fake CUDA tensor returns complex64; the CPU kernel still raises",
+)
