@@ -1,6 +1,8 @@
 """Probe autocast's per-op behaviour on a device and dtype, classify each op, tabulate.
 
-Each op in :data:`CATALOGUE` runs under :func:`torch.autocast` three ways: with float32 inputs,
+Each op (by default every op this torch registers an autocast kernel for, see
+:func:`registered`; :data:`CATALOGUE` holds hand-written calls a page may pick from) runs
+under :func:`torch.autocast` three ways: with float32 inputs,
 with low-precision inputs, and (for ops with several floating inputs) with the first input in
 low precision and the rest in float32. A dispatch mode records the casts autocast inserts.
 The class comes from what happened, not from a list:
@@ -9,10 +11,12 @@ The class comes from what happened, not from a list:
 - ``float32``: low-precision inputs come out in float32;
 - ``promote``: mixed inputs are cast to the widest dtype before the op;
 - ``unchanged``: autocast casts nothing, the op keeps the dtypes it was given;
-- ``unsupported``: the op raises under autocast on uniform inputs (the error is kept);
-- ``needs hardware``: on a simulated device, what only a real kernel can tell: the op raised
-  in its meta kernel, or its meta kernel accepts a dtype the real kernel rejects (seen on the
-  CPU, where both can run).
+- ``unsupported``: the op raises under autocast on uniform inputs (the error is kept):
+  autocast refuses it, or the kernel refuses the dtype;
+- ``needs hardware``: on a simulated device, what neither the dispatch rules nor the CPU can
+  tell (see :func:`probe_op`): the meta kernel raised and autocast's casts do not settle the
+  class, or the meta kernel accepts inputs the real CPU kernel rejects and this device's
+  autocast hands the kernel those same inputs.
 
 The casts counted are those autocast added: casts the same call also makes outside autocast
 (inside an op's own decomposition) are not autocast's.
