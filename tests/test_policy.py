@@ -182,8 +182,7 @@ def test_simulated_cuda_runs_reductions_softmax_and_norms_in_float32(cuda_sim):
 def test_simulated_cuda_adds_dtype_or_a_cast(cuda_sim):
     (sum_call,) = [c for c in cuda_sim["sum"].low_in.calls if c.op == "aten.sum.default"]
     assert sum_call.dtype_arg == torch.float32 and sum_call.out == torch.float32
-    (softmax_call,) = [c for c in cuda_sim["softmax"].low_in.calls if c.op == "aten.softmax.int"]
-    assert softmax_call.dtype_arg == torch.float32
+    assert cuda_sim["softmax"].low_in.casts == ((torch.bfloat16, torch.float32),)
 
 
 def test_autocast_refusing_an_op_is_a_rule_not_a_gap(cuda_sim):

@@ -194,24 +194,34 @@ def _op_db() -> list | None:
     return sys.modules["torch.testing._internal.common_methods_invocations"].op_db
 
 
+def _n_floats(value) -> int:
+    leaves = torch.utils._pytree.tree_leaves(value)
+    return sum(isinstance(x, torch.Tensor) and x.is_floating_point() for x in leaves)
+
+
 def _first_sample(info) -> tuple | None:
-    """The first float32 CPU sample of an OpInfo that runs, as ``(args, kwargs)``."""
+    """A float32 CPU sample of an OpInfo that runs, as ``(args, kwargs)``: of its first six,
+    the first with two or more floating tensors (so the mixed-input run exists), else the
+    first that runs."""
+    found = None
     with torch.random.fork_rng(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
         try:
             # The raw generator: ``sample_inputs`` wraps it in a tracker that inspects the stack.
             samples = info.sample_inputs_func(info, "cpu", torch.float32, False)
-            for _, sample in zip(range(4), samples, strict=False):
+            for _, sample in zip(range(6), samples, strict=False):
                 args = (sample.input, *sample.args)
                 try:
                     info.op(*args, **sample.kwargs)
                 except Exception:  # noqa: BLE001, S112 - try the next sample
                     continue
-                return args, dict(sample.kwargs)
-        except Exception:  # noqa: BLE001 - a sample generator that fails gives no inputs
-            return None
-    return None
+                if _n_floats((args, sample.kwargs)) >= 2:
+                    return args, dict(sample.kwargs)
+                found = found or (args, dict(sample.kwargs))
+        except Exception:  # noqa: BLE001 - a sample generator that fails gives no more inputs
+            return found
+    return found
 
 
 def _from_sample(info, args: tuple, kwargs: dict) -> tuple:
