@@ -295,7 +295,8 @@ def ops() -> tuple[Op, ...]:
 def coverage(policies) -> Table:
     """Per device of ``policies`` (probes of :func:`ops` on several devices, a
     :class:`~mpguide.autocast.policy.Devices`): how many ops it registers an autocast kernel
-    for (and overloads), how many of those were probed, and how many the probe decided."""
+    for (and overloads), how many of those were probed and how many the probe decided; and of
+    every op probed there (those registered on other devices too), how many were decided."""
     from mpguide.autocast.policy import NEEDS_HARDWARE
 
     rows = []
@@ -313,6 +314,7 @@ def coverage(policies) -> Table:
                 len(decided),
                 len(with_inputs) - len(decided),
                 len(names) - len(with_inputs),
+                f"{sum(x.kind != NEEDS_HARDWARE for x in p.probes)} of {len(p.probes)}",
             )
         )
     return Table(
@@ -324,6 +326,7 @@ def coverage(policies) -> Table:
             "decided",
             NEEDS_HARDWARE,
             NONE,
+            "every probed op: decided",
         ),
         tuple(rows),
         f"ops with an autocast kernel, torch {torch.__version__}, dtype "
