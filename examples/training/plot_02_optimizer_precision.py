@@ -97,8 +97,8 @@ _ = plots.dtype_grid(table, title=f"optimizer states by weight dtype and device,
 # For these three, every state but ``step`` takes the parameter's dtype, on either device, for
 # the for-loop, foreach and fused implementations alike, and so do Adafactor's factored second
 # moments (``row_var`` and ``col_var``); ``step`` is a float32 scalar, on the CPU unless the
-# optimizer is fused, and SGD keeps none. Other optimizers are not probed here (NAdam's
-# ``mu_product`` and ASGD's ``eta`` and ``mu`` are float32, for one). Autocast and master weights give the optimizer
+# optimizer is fused, and SGD keeps none. Other optimizers are not probed here, and may keep
+# states of their own dtype. Autocast and master weights give the optimizer
 # float32 parameters, so their states are float32 (the runs below confirm it).
 for r in states.results:
     for name, dt, where in r.states:
