@@ -64,6 +64,7 @@ print(f"inside autocast:  LayerNorm(fp32 weights)(bf16 input) -> {ln_inside}")
 # On CUDA, autocast runs ``layer_norm`` in float32 and returns float32. On the CPU, torch
 # accepts the mixed call even outside autocast, and CPU autocast leaves ``layer_norm`` alone,
 # so the output keeps the input's bf16. The assertions pin down what this build saw.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 if dev.type == "cuda":
     assert ln_inside == torch.float32
 else:
@@ -115,6 +116,7 @@ print("matmul: bf16 on both; LayerNorm: bf16 on the CPU, float32 on CUDA")
 # Every answer above in one map: each call outside autocast on this build's device and under
 # bf16 autocast on the CPU and on CUDA, coloured by the dtype that came out, or red where the
 # call raised.
+# (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 from mpguide import plots
 
 names = ("bf16 @ fp32 matmul", "LayerNorm(fp32)(bf16)")
@@ -136,6 +138,7 @@ _ = plots.dtype_grid(
 # - LayerNorm with float32 weights on a bf16 input under autocast returns bf16 on the CPU and
 #   float32 on CUDA, where autocast casts the input up: a table typed for one device is wrong
 #   for the other.
+#   (CUDA here: live on a GPU, simulated from this build's dispatch rules elsewhere.)
 #
 # .. admonition:: References
 #

@@ -109,7 +109,7 @@ _ = plots.backend_bars(
 # The graph each backend receives on CUDA (from a GPU, or simulated from this build's dispatch
 # rules where there is none) has the same two bf16 intermediates: the rounding is in the graph on
 # both devices. Whether CUDA's generated kernel drops it, as the CPU's does, is a question about
-# code generation and numerics: it needs hardware, and the recorded GPU results answer it.
+# code generation and numerics: it needs hardware, and this page does not answer it.
 cuda = device.target("cuda")
 with device.tensors(cuda):
     (cuda_x,) = graphs.inputs(["bf16[256, 1024]"], cuda.device)

@@ -131,7 +131,8 @@ fast
 
 # %%
 # The encoder decides with ``torch.is_autocast_enabled()``, which without a device argument
-# reports CUDA's autocast state only. So on CUDA, autocast rules the fast path out; on the
+# reports CUDA's autocast state only. So on CUDA, autocast rules the fast path out (live on a
+# GPU build; on every build, the switch it reads is simulated below under CUDA's autocast); on the
 # CPU this torch takes the fast path under autocast, and the fused layer returns bf16 with a
 # larger error than the unfused layers (which end in float32 LayerNorms after the residual).
 no_grad_row, grad_row = fast.records()
@@ -141,6 +142,12 @@ print(f"under autocast({dev.type!r}): torch.is_autocast_enabled() -> {seen[0]}, 
       f"torch.is_autocast_enabled({dev.type!r}) -> {seen[1]}")
 assert not grad_row["fast path taken"]
 assert seen[1]
+cuda = device.target("cuda")
+with device.autocast(cuda, torch.bfloat16):
+    cuda_seen = torch.is_autocast_enabled()
+print(f"under {device.label('cuda', cuda.how)} autocast: torch.is_autocast_enabled() -> "
+      f"{cuda_seen}")
+assert cuda_seen
 if dev.type == "cuda":
     assert seen[0] and not no_grad_row["fast path taken"]
 else:
@@ -172,7 +179,8 @@ assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list(errors)
 #   latency verdict printed above holds only beyond the measurement spread.
 # - On the CPU, this torch takes ``TransformerEncoder``'s fused fast path under autocast
 #   (its check reads CUDA's autocast state only): the output is bf16 and further from fp32
-#   than the unfused path's float32 output. On CUDA, autocast turns the fast path off.
+#   than the unfused path's float32 output. On CUDA, autocast turns the fast path off (live on
+#   a GPU build; elsewhere the switch it reads is simulated).
 #
 # .. admonition:: References
 #

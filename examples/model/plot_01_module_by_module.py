@@ -8,8 +8,8 @@ configuration with Hugging Face ``transformers`` (random weights, nothing downlo
 :func:`mpguide.models.per_module.report` on it: hooks on every module and a dispatch-mode log count each
 op and cast in the innermost module running it, forward and backward, and a float64 copy of
 the model on the same tokens gives each module's error. The projections run in bf16 with
-their float32 weights cast on every call, Qwen2's RMSNorm keeps float32 by itself, and the
-error of the logits is a few bf16 roundings; CUDA's autocast, simulated beside it, casts
+their float32 weights cast on every call, Qwen2's RMSNorm keeps float32 (its inputs and
+weights are float32), and the error of the logits is a few bf16 roundings; CUDA's autocast, simulated beside it, casts
 differently inside attention.
 """
 
@@ -67,7 +67,8 @@ report
 # Every linear projection returns bf16 while its weight stays float32: autocast casts the
 # weight (and bias) on every call, and the input when it arrives in float32. Each of those
 # casts has its mirror in the backward pass, where the gradients are cast back to float32.
-# Qwen2's RMSNorm converts to float32 itself, so it returns float32 and autocast adds nothing.
+# Every RMSNorm call here gets a float32 input (the residual stream stays float32) and has a
+# float32 weight, so it returns float32 and autocast adds nothing.
 linears = {c.name: c for c in report.calls if c.kind == "Linear"}
 for name, row in linears.items():
     params = len(list(model.get_submodule(name).parameters()))
@@ -81,8 +82,10 @@ assert o.inputs == (torch.bfloat16,) and model.model.layers[0].self_attn.o_proj.
 print(f"q_proj: {q.autocast_casts} casts (float32 input, weight, bias); "
       f"o_proj: {o.autocast_casts} (a bf16 input from the attention, a weight, no bias)")
 norms = [c for c in report.calls if c.kind == "Qwen2RMSNorm"]
+assert all(c.inputs == (torch.float32,) and c.params == (torch.float32,) for c in norms)
 assert all(c.outputs == (torch.float32,) and c.autocast_casts == 0 for c in norms)
-print(f"{len(norms)} RMSNorm calls, all returning float32 with no cast from autocast")
+print(f"{len(norms)} RMSNorm calls, all with float32 inputs and weights, all returning float32 "
+      "with no cast from autocast")
 
 # %%
 # Where precision goes
@@ -142,8 +145,8 @@ differ
 first_jump = report.first_jump
 print(f"- Every one of the {len(linears)} linear projections ran in bf16 with float32 weights "
       "that autocast cast on each call, and the backward pass cast back as many gradients.")
-print(f"- The {len(norms)} RMSNorm calls returned float32 with no cast from autocast: the model "
-      "upcasts there itself, and its float64 reference rounds to float32 there too.")
+print(f"- The {len(norms)} RMSNorm calls returned float32 with no cast from autocast: their "
+      "inputs and weights are float32, and the float64 reference rounds to float32 there too.")
 print(f"- The logits' error was {report[''].error.max_rel:.3g} of their mean magnitude in bf16, "
       f"{fp16[''].error.max_rel:.3g} in fp16; the first jump in error: "
       f"{first_jump.label if first_jump else 'none'}.")

@@ -3,7 +3,8 @@ What a LayerNorm's upcast costs
 ===============================
 
 Normalisation layers are where bf16 activations go back to float32: CUDA autocast runs
-``layer_norm`` in float32, and many model implementations compute their norms in float32
+``layer_norm`` in float32 (checked below, live on a GPU, simulated from this build's dispatch
+rules elsewhere), and many model implementations compute their norms in float32
 by hand. How much does that upcast cost next to the norm itself? We profile a LayerNorm on
 a bf16 activation under autocast on this build's device, find the upcast with the cast
 report, and set its time against the norm's own time: kernel time on a GPU, op time on a
@@ -48,9 +49,10 @@ print(tree.render(tree.find("aten::layer_norm")[0], fields=["Input type"], depth
 
 # %%
 # On CUDA, autocast runs ``layer_norm`` in float32: the bf16 input is cast up inside the
-# ``aten::layer_norm`` call, and the output is float32. CPU autocast leaves ``layer_norm``
-# alone: it runs on the bf16 input and returns bf16, with no cast. The assertions pin down
-# what this build saw.
+# ``aten::layer_norm`` call, and the output is float32 (in the profile, live on a GPU build;
+# on every build, simulated from this build's dispatch rules below). CPU autocast leaves
+# ``layer_norm`` alone: it runs on the bf16 input and returns bf16, with no cast. The
+# assertions pin down what this build saw.
 autocast_upcasts = [c for c in report if c.cause == "aten::layer_norm"]
 if dev.type == "cuda":
     assert out_dtype == torch.float32
@@ -59,6 +61,16 @@ if dev.type == "cuda":
 else:
     assert out_dtype == torch.bfloat16
     assert not autocast_upcasts and len(report) == 0
+
+from mpguide.autocast import policy
+
+cuda = device.target("cuda")
+on_cuda = policy.observe(
+    lambda d: torch.nn.functional.layer_norm(torch.randn(8, 64, device=d).bfloat16(), (64,)), cuda
+)
+print(f"layer_norm on a bf16 input under {device.label('cuda', cuda.how)} autocast: "
+      f"returns {on_cuda.out}, casts {on_cuda.casts}")
+assert on_cuda.out == torch.float32 and (torch.bfloat16, torch.float32) in on_cuda.casts
 
 # %%
 # A LayerNorm computed in float32 by hand
@@ -119,7 +131,8 @@ for label, us in [(f"layer_norm {kind} time", norm_us), ("upcast to float32", up
     print(f"{label:<24}{us:10.1f} us  ({us / norm_us:.2f} x the norm)")
 
 # %%
-# On CUDA the autocast upcast is measured the same way, against the float32 norm it feeds.
+# On CUDA the autocast upcast is measured the same way, against the float32 norm it feeds
+# (live, on a GPU build only: timings need hardware).
 if dev.type == "cuda":
     auto_up = median(c.gpu_us for c in autocast_upcasts)
     auto_norm = median(n.gpu_time - sum(c.gpu_us for c in autocast_upcasts if c.cause_id == n.id)
@@ -147,7 +160,8 @@ assert per_step_casts == 1.5 * norm_traffic
 # RMSNorm beside LayerNorm, eager and compiled
 # --------------------------------------------
 # A float32 ``nn.RMSNorm`` on the same bf16 activation under autocast, profiled eagerly and
-# compiled with inductor. Eagerly, CUDA autocast casts the input up (``rms_norm`` is on its
+# compiled with inductor (profiled live on this build's device). Eagerly, CUDA autocast casts
+# the input up (``rms_norm`` is on its
 # float32 list); on the CPU, where autocast leaves ``rms_norm`` alone, the mixed dtypes keep the
 # fused kernel out and the composite form casts the input up and the result back down (with a
 # warning, silenced here, that says so). Compiled, the casts are fused into inductor's kernel
@@ -191,7 +205,8 @@ assert per_step["inductor"] == []
 # What we saw
 # -----------
 # - Under autocast, LayerNorm on a bf16 input returns the dtype printed above: float32 with
-#   an upcast inside ``aten::layer_norm`` on CUDA, bf16 with no cast on the CPU.
+#   an upcast inside ``aten::layer_norm`` on CUDA (live on a GPU, simulated elsewhere), bf16
+#   with no cast on the CPU.
 # - A norm computed in float32 by hand costs one up-cast and one down-cast per call; the
 #   cast report finds both and names the module.
 # - A float32 RMSNorm on a bf16 activation casts per step as printed above when run eagerly,

@@ -76,9 +76,10 @@ assert abs(f32_last / f32_first - 0.999**50) < 1e-4
 assert bf16_last == bf16_first
 
 # %%
-# The dtypes the built-in optimizers keep
-# ---------------------------------------
-# Each optimizer is built over one parameter of each dtype and takes one step
+# The dtypes three built-in optimizers keep
+# -----------------------------------------
+# AdamW, SGD with momentum and Adafactor, in their for-loop, foreach and fused forms where
+# they have them: each is built over one parameter of each dtype and takes one step
 # (:func:`mpguide.training.loop.optimizer_states`); on a machine without CUDA, the CUDA columns are
 # simulated on fake tensors, and a step the simulation cannot run is marked
 # ``needs hardware``.
@@ -93,10 +94,11 @@ _ = plots.dtype_grid(table, title=f"optimizer states by weight dtype and device,
                                   f"{torch.__version__}")
 
 # %%
-# Every state but ``step`` takes the parameter's dtype, on either device, for the for-loop,
-# foreach and fused implementations alike, and so do Adafactor's factored second moments
-# (``row_var`` and ``col_var``); ``step`` is a float32 scalar, on the CPU unless the optimizer
-# is fused. Autocast and master weights give the optimizer
+# For these three, every state but ``step`` takes the parameter's dtype, on either device, for
+# the for-loop, foreach and fused implementations alike, and so do Adafactor's factored second
+# moments (``row_var`` and ``col_var``); ``step`` is a float32 scalar, on the CPU unless the
+# optimizer is fused, and SGD keeps none. Other optimizers are not probed here, and may keep
+# states of their own dtype. Autocast and master weights give the optimizer
 # float32 parameters, so their states are float32 (the runs below confirm it).
 for r in states.results:
     for name, dt, where in r.states:
@@ -108,6 +110,9 @@ for r in states.results:
     if r.how == device.LIVE:
         assert not r.error, r
 assert states.get("AdamW", "bf16", "cuda").dtype("exp_avg_sq") == BF16
+assert not any(name == "step" for r in states.results if r.optimizer.startswith("SGD")
+               for name, _, _ in r.states)
+print("optimizers probed: " + ", ".join(dict.fromkeys(r.optimizer for r in states.results)))
 assert states.get("Adafactor", "bf16", "cpu").dtype("row_var") == BF16
 
 # %%
@@ -226,8 +231,9 @@ assert kahan.bytes_per_parameter == 4 * size[BF16]
 # - Multiplying by ``beta2 = 0.999`` or by ``1 - lr * weight_decay`` leaves every positive
 #   bf16 number unchanged, so a bf16 ``exp_avg_sq`` never decays and AdamW's weight decay
 #   never acts on bf16 weights at these settings; ``beta1 = 0.9`` changes all of them.
-# - Every built-in optimizer keeps its moments in the parameter's dtype, on the CPU and (live
-#   or simulated) on CUDA, in its for-loop, foreach and fused forms; ``step`` is float32.
+# - AdamW, SGD with momentum and Adafactor keep their moments in the parameter's dtype, on the
+#   CPU and (live or simulated) on CUDA, in their for-loop, foreach and fused forms; ``step``
+#   is float32 where they keep one (SGD keeps none).
 # - Adding many updates smaller than half a spacing: bf16 with rounding to nearest did not
 #   move, stochastic rounding followed float32 on average, Kahan summation stayed within half
 #   a spacing of it.

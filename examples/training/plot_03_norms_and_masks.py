@@ -188,7 +188,7 @@ def embed(d):
     return nn.Embedding(10, 8, device=d)(torch.arange(4, device=d))
 
 
-looked_up = {t.device.type: policy.observe(embed, t, bf16)
+looked_up = {device.label(t.device.type, t.how): policy.observe(embed, t, bf16)
              for t in (device.target("cpu"), device.target("cuda"))}
 for where, run in looked_up.items():
     print(f"{where}: embedding of a float32 table under bf16 autocast -> {dtypes.name(run.out)}, "

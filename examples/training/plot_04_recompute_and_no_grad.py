@@ -67,12 +67,16 @@ def matmuls(log, phase):
     return sorted({r.signature() for r in log.select(phase) if r.op_name == "aten.addmm"})
 
 
+def n_matmuls(log, phase):
+    return sum(r.op_name == "aten.addmm" for r in log.select(phase))
+
+
 Table(
-    ("checkpoint", "forward casts", "backward casts", "addmm run in backward",
+    ("checkpoint", "forward casts", "backward casts", "addmm run in backward", "how many",
      "gradients equal to no checkpoint"),
     tuple(
         (name, len(log.select("forward", casts=True)), len(log.select("backward", casts=True)),
-         ", ".join(matmuls(log, "backward")) or "none",
+         ", ".join(matmuls(log, "backward")) or "none", n_matmuls(log, "backward"),
          all(torch.equal(a, b) for a, b in zip(grads[name], grads["no checkpoint"], strict=True)))
         for name, log in logs.items()
     ),
@@ -80,9 +84,11 @@ Table(
 )
 
 # %%
-# Without a checkpoint, backward runs no ``addmm``. With one, backward runs the two ``addmm``
-# of the forward again, in bf16, although autocast was off when backward ran: the checkpoint
-# recorded the autocast state of its forward and restores it. Autocast's cast cache was cleared
+# Without a checkpoint, backward runs no ``addmm``. The reentrant checkpoint runs the whole
+# forward again, both ``addmm``; the non-reentrant one stops its recompute as soon as it has
+# every tensor backward saved, before the second ``addmm`` runs, so it runs one. Both run it in
+# bf16, although autocast was off when backward ran: the checkpoint recorded the autocast state
+# of its forward and restores it. Autocast's cast cache was cleared
 # when the region closed, so the recompute casts every weight, bias and the input again: one
 # more cast per parameter tensor and one for the input. The gradients are bit-identical.
 plain = len(logs["no checkpoint"].select("backward", casts=True))
@@ -91,6 +97,9 @@ for name in ("reentrant", "non-reentrant"):
     assert len(logs[name].select("backward", casts=True)) == plain + n_tensors + 1, name
     assert all(torch.equal(a, b) for a, b in zip(grads[name], grads["no checkpoint"], strict=True))
 assert matmuls(logs["no checkpoint"], "backward") == []
+counts = {name: n_matmuls(logs[name], "backward") for name in ("reentrant", "non-reentrant")}
+assert counts == {"reentrant": 2, "non-reentrant": 1}, counts
+print(f"addmm recomputed in backward: {counts}")
 
 # %%
 # The forward, the backward and the recompute inside it, op by op: each box an op coloured by
@@ -238,7 +247,11 @@ def matmul_function(fwd, bwd):
         @bwd
         def backward(ctx, grad):
             a, b = ctx.saved_tensors
-            grad_a, grad_b = grad @ b.T, a.T @ grad
+            try:
+                grad_a, grad_b = grad @ b.T, a.T @ grad
+            except RuntimeError:
+                seen.append(("backward raised", torch.is_autocast_enabled(dev.type), grad.dtype))
+                raise
             seen.append(("backward", torch.is_autocast_enabled(dev.type), grad.dtype,
                          grad_a.dtype, grad_b.dtype))
             return grad_a, grad_b
@@ -278,6 +291,10 @@ for name, (fwd, bwd) in variants.items():
 
 def passes(records, which):
     found = [r for r in records if r[0] == which]
+    entered = [r for r in records if r[0] == f"{which} raised"]
+    if not found and entered:
+        _, on, grad = entered[0]
+        return f"autocast {'on' if on else 'off'}; grad {dtypes.short(grad)}, then raised"
     if not found:
         return "did not run"
     _, on, *kinds = found[0]
@@ -299,6 +316,7 @@ Table(
 # ``cast_inputs=float32``, both passes run in float32 with autocast off.
 plain_records, _, _, plain_error = custom["plain"]
 assert plain_records[0][1:] == (True, bf16, torch.float32, bf16)
+assert passes(plain_records, "backward").endswith("then raised")  # it ran, and raised
 assert "to have the same dtype" in plain_error
 both = custom["custom_fwd + custom_bwd"]
 assert both[0][1][1:] == (True, bf16, bf16, bf16) and both[2] == torch.float32 and both[3] is None

@@ -128,7 +128,8 @@ assert all(p.dtype == torch.bfloat16 for p in runs["bf16"].model.parameters())
 #   float32 weights and states, no scaler, and a loss that stayed within a quarter of pure
 #   bf16's gap to float32 here.
 # - **fp16 autocast with a GradScaler** where bf16 is missing: the same memory, a loss as
-#   close, and steps the scaler skips while it finds its scale (counted above). Without the
+#   close, and a skipped step wherever the scaled gradients overflow (this run's count is
+#   printed above, and may be zero). Without the
 #   scaler, the loss-scaling page lost more than 1% of the activation gradients to zero.
 # - **pure bf16** only where memory decides: it halves the weights and states and trails
 #   float32, because bf16 weights and moments drop small updates (see the optimizer precision

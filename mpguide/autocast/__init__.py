@@ -1,3 +1,4 @@
 """Devices, live or simulated on fake tensors under another device's autocast (``device``),
-and autocast's per-op dtype policy on each (``policy``).
+autocast's per-op dtype policy on each (``policy``) over every op this torch registers an
+autocast kernel for (``catalogue``), and what ``torch.autocast`` itself accepts (``accepts``).
 """

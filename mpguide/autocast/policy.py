@@ -1,6 +1,8 @@
 """Probe autocast's per-op behaviour on a device and dtype, classify each op, tabulate.
 
-Each op in :data:`CATALOGUE` runs under :func:`torch.autocast` three ways: with float32 inputs,
+Each op (by default every op this torch registers an autocast kernel for, see
+:func:`registered`; :data:`CATALOGUE` holds hand-written calls a page may pick from) runs
+under :func:`torch.autocast` three ways: with float32 inputs,
 with low-precision inputs, and (for ops with several floating inputs) with the first input in
 low precision and the rest in float32. A dispatch mode records the casts autocast inserts.
 The class comes from what happened, not from a list:
@@ -9,10 +11,12 @@ The class comes from what happened, not from a list:
 - ``float32``: low-precision inputs come out in float32;
 - ``promote``: mixed inputs are cast to the widest dtype before the op;
 - ``unchanged``: autocast casts nothing, the op keeps the dtypes it was given;
-- ``unsupported``: the op raises under autocast on uniform inputs (the error is kept);
-- ``needs hardware``: on a simulated device, what only a real kernel can tell: the op raised
-  in its meta kernel, or its meta kernel accepts a dtype the real kernel rejects (seen on the
-  CPU, where both can run).
+- ``unsupported``: the op raises under autocast on uniform inputs (the error is kept):
+  autocast refuses it, or the kernel refuses the dtype;
+- ``needs hardware``: on a simulated device, what neither the dispatch rules nor the CPU can
+  tell (see :func:`probe_op`): the meta kernel raised and autocast's casts do not settle the
+  class, or the meta kernel accepts inputs the real CPU kernel rejects and this device's
+  autocast hands the kernel those same inputs.
 
 The casts counted are those autocast added: casts the same call also makes outside autocast
 (inside an op's own decomposition) are not autocast's.
@@ -334,6 +338,16 @@ def _first_float(value: Any) -> torch.dtype | None:
     return None
 
 
+def _error(err: BaseException) -> str:
+    """:func:`mpguide.error_line`, cut after its first sentence when that line is long (the
+    dispatcher's "Could not run" lists every backend)."""
+    line = error_line(err)
+    if len(line) <= 160:
+        return line
+    end = line.find(". ", 40)
+    return line[: end + 1] if 0 < end < 200 else line[:159] + "…"
+
+
 def _call(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype | None) -> Run:
     log = dtypes.Log()
     warn_always = torch.is_warn_always_enabled()
@@ -345,7 +359,7 @@ def _call(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype | None) -
             with _device.autocast(dev, dtype), log:
                 out = op.call(*args)
         except Exception as err:  # noqa: BLE001 - an op that raises is a finding, not a failure
-            return Run(None, tuple(log.conversions()), error_line(err), calls=tuple(log.calls))
+            return Run(None, tuple(log.conversions()), _error(err), calls=tuple(log.calls))
         finally:
             torch.set_warn_always(warn_always)
     warning = f"{caught[0].category.__name__}: {caught[0].message}" if caught else None
@@ -356,7 +370,9 @@ def run(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype) -> Run:
     """Call ``op`` on ``args`` under autocast for ``dev`` and ``dtype``.
 
     The casts kept are those autocast inserted: the ones the same call makes outside autocast
-    (an op's own decomposition may cast) are taken away.
+    (an op's own decomposition may cast) are taken away, and so are casts from or to another
+    dtype than ``dtype`` and float32 (a kernel's own, such as quantile's float64 since 2.14,
+    where the same call outside autocast raises and shows none).
     """
     inside = _call(op, args, dev, dtype)
     outside = _call(op, args, dev, None)
@@ -365,7 +381,7 @@ def run(op: Op, args: tuple, dev: _device.Target, dtype: torch.dtype) -> Run:
     for c in inside.casts:
         if own[c]:
             own[c] -= 1
-        else:
+        elif set(c) <= {dtype, torch.float32}:  # autocast casts between these two only here
             added.append(c)
     return Run(inside.out, tuple(added), inside.error, inside.warning, inside.calls, outside.error)
 
@@ -459,24 +475,15 @@ def classify(fp32_in: Run, low_in: Run, mixed_in: Run | None, dtype: torch.dtype
 RUNS = ("fp32_in", "low_in", "mixed_in")
 
 
-def probe_op(
-    op: Op,
-    dev: _device.Target,
-    dtype: torch.dtype,
-    seed: int = 0,
-    gaps: dict[str, str] | None = None,
-) -> Probe:
-    """Run one op the three ways and classify it.
-
-    On a simulated device an op that raises with autocast off as well (its meta kernel
-    refuses), or whose uniform runs have a meta kernel known to accept what a real kernel
-    rejects (``gaps`` maps each such run of :data:`RUNS` to the reason), is classed
-    :data:`NEEDS_HARDWARE`; a mixed run in ``gaps`` is marked undecided and the class kept.
-    An op that raises only under autocast is refused by autocast itself, a rule of this build.
-    """
-    gaps = gaps if dev.simulated and gaps else {}
+def _run_all(op: Op, dev: _device.Target, dtype: torch.dtype, seed: int) -> tuple:
+    """The three runs of one op: float32, low-precision and (two or more floating inputs) mixed
+    inputs. Inputs that cannot be made on the device count as an error of every run."""
     with _device.tensors(dev):
-        args = op.inputs(Inputs(dev.device, seed, fake=dev.simulated))
+        try:
+            args = op.inputs(Inputs(dev.device, seed, fake=dev.simulated))
+        except Exception as err:  # noqa: BLE001 - reported in the probe
+            failed = Run(None, (), f"inputs: {_error(err)}", error_outside=_error(err))
+            return failed, failed, None
         n = _n_floats(args)
         fp32_in = run(op, _cast_floats(args, [torch.float32] * n), dev, dtype)
         low_in = run(op, _cast_floats(args, [dtype] * n), dev, dtype)
@@ -485,40 +492,140 @@ def probe_op(
             if n >= 2
             else None
         )
+    return fp32_in, low_in, mixed_in
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One op on the CPU, run for real and simulated: what a simulated device's run of the same
+    op is checked against."""
+
+    real: tuple
+    fake: tuple
+
+
+def _gap(i: int, sim: Run, ref: Reference) -> str | None:
+    """Why run ``i`` of a simulated device cannot be trusted, or ``None``. The CPU tells: where
+    this device's autocast treats the inputs as the CPU's does (the same casts), the meta kernel
+    gets what the CPU kernel got; where it casts nothing, the kernel gets the inputs as given,
+    as the CPU kernel does outside autocast. A cell is undecided only where, for those inputs,
+    the real CPU kernel raises or returns another dtype while the meta kernel does not."""
+    real, fake = ref.real[i], ref.fake[i]
+    if real is None or fake is None or sim.error:
+        return None
+    if sim.casts == real.casts:
+        if real.error and not fake.error:
+            return f"the CPU kernel raises ({real.error}) where the meta kernel runs"
+        if not real.error and not fake.error and real.out != fake.out:
+            return f"the CPU kernel returns {real.out} where the meta kernel returns {fake.out}"
+    elif not sim.casts and real.error_outside and not fake.error_outside:
+        return (
+            f"the CPU kernel refuses these inputs outside autocast ({real.error_outside}) where "
+            "the meta kernel takes them; this device's kernel may refuse them too"
+        )
+    return None
+
+
+def _decided_by_casts(i: int, r: Run, dtype: torch.dtype) -> str | None:
+    """The class that the casts autocast inserted before the kernel raised settle, if any:
+    float32 inputs cast to ``dtype`` (lower precision), ``dtype`` ones cast to float32."""
+    if i == 0 and (torch.float32, dtype) in r.casts:
+        return LOWER
+    if i == 1 and (dtype, torch.float32) in r.casts:
+        return FLOAT32
+    return None
+
+
+def _same_error(real: Run | None, fake: Run) -> bool:
+    """Whether the real CPU kernel, outside autocast, raised the exception type the simulated
+    run raised (torch words the meta and CPU checks differently)."""
+    if real is None or not real.error_outside or not fake.error:
+        return False
+    return real.error_outside.split(":", 1)[0] == fake.error.split(":", 1)[0]
+
+
+def probe_op(
+    op: Op,
+    dev: _device.Target,
+    dtype: torch.dtype,
+    seed: int = 0,
+    ref: Reference | None = None,
+) -> Probe:
+    """Run one op the three ways and classify it.
+
+    On a simulated device, checked against the CPU (``ref``):
+
+    - a run whose meta kernel may differ from a real kernel (see :func:`_gap`) is undecided;
+      the class stands where the decided runs settle it (``lower precision`` from the float32
+      run, and so on), else the op ``needs hardware``;
+    - an op that raises with autocast off as well has no meta kernel for these inputs: the
+      casts autocast inserted before it raised settle the class where they can; where
+      autocast cast nothing and the real CPU kernel raises the same error, the kernel refuses
+      the dtype (``unsupported``); else it ``needs hardware``.
+
+    An op that raises only under autocast is refused by autocast itself, a rule of this build.
+    """
+    runs = _run_all(op, dev, dtype, seed)
+    fp32_in, low_in, mixed_in = runs
     kind = classify(fp32_in, low_in, mixed_in, dtype)
+    if not dev.simulated or ref is None:
+        return Probe(op.name, op.family, kind, *runs)
+    gaps = {RUNS[i]: why for i, r in enumerate(runs) if r and (why := _gap(i, r, ref))}
+    if kind in (LOWER, FLOAT32, PROMOTE) and mixed_in is not None and mixed_in.casts:
+        gaps.pop("mixed_in", None)  # autocast made the inputs one dtype before the kernel
     reason = ""
-    failed = fp32_in if fp32_in.error else low_in
-    uniform = [gaps[r] for r in RUNS[:2] if r in gaps]
-    if dev.simulated and kind == UNSUPPORTED and failed.error_outside:
-        kind, reason = NEEDS_HARDWARE, f"the meta kernel raises: {failed.error_outside}"
-    elif uniform:
-        kind, reason = NEEDS_HARDWARE, uniform[0]
-    elif "mixed_in" in gaps:
-        reason = f"mixed in: {gaps['mixed_in']}"
-    return Probe(op.name, op.family, kind, fp32_in, low_in, mixed_in, reason, tuple(sorted(gaps)))
+    if kind == UNSUPPORTED:
+        i = 0 if fp32_in.error else 1
+        failed = runs[i]
+        real = ref.real[i]
+        if failed.error_outside:
+            settled = _decided_by_casts(i, failed, dtype) or (
+                i == 0 and _decided_by_casts(1, low_in, dtype)
+            )
+            if settled:
+                kind = settled
+                reason = (
+                    f"from the casts autocast inserted; the meta kernel then raised: "
+                    f"{failed.error_outside}"
+                )
+            elif (
+                i == 1
+                and not failed.casts
+                and _same_error(real, failed)
+                and not ref.real[0].error_outside
+            ):
+                reason = (
+                    f"the kernel refuses the dtype; the real CPU kernel too: {real.error_outside}"
+                )
+            else:
+                kind, reason = NEEDS_HARDWARE, f"the meta kernel raises: {failed.error_outside}"
+    if kind not in (UNSUPPORTED, NEEDS_HARDWARE):
+        settles = {LOWER: "fp32_in", FLOAT32: "low_in", PROMOTE: "mixed_in"}.get(kind)
+        if settles in gaps or (kind == UNCHANGED and {"fp32_in", "low_in"} & set(gaps)):
+            kind, reason = NEEDS_HARDWARE, gaps[settles or next(r for r in RUNS if r in gaps)]
+        elif gaps:
+            reason = "; ".join(f"{r.replace('_in', ' in')}: {why}" for r, why in gaps.items())
+    return Probe(op.name, op.family, kind, *runs, reason, tuple(sorted(gaps)))
 
 
 @functools.cache
-def meta_gaps(dtype: torch.dtype, ops: tuple[Op, ...] = ()) -> dict[str, dict[str, str]]:
-    """Where simulation cannot be trusted: the runs (of :data:`RUNS`) whose real CPU kernel
-    raises under CPU autocast, or returns another dtype, while the meta kernel runs. Found by
-    probing the CPU for real and simulated; maps op name to ``{run: reason}``."""
-    ops = ops or CATALOGUE
+def references(dtype: torch.dtype, ops: tuple[Op, ...]) -> dict[str, Reference]:
+    """Every op of ``ops`` run on the CPU for real and simulated, under ``dtype`` autocast."""
     live, fake = _device.target("cpu"), _device.target("cpu", simulate=True)
+    return {
+        op.name: Reference(_run_all(op, live, dtype, 0), _run_all(op, fake, dtype, 0)) for op in ops
+    }
+
+
+def meta_gaps(dtype: torch.dtype, ops: tuple[Op, ...]) -> dict[str, dict[str, str]]:
+    """Where the simulated CPU cannot be trusted: the runs (of :data:`RUNS`) whose real CPU
+    kernel raises under CPU autocast, or returns another dtype, while the meta kernel runs;
+    maps op name to ``{run: reason}``."""
     gaps: dict[str, dict[str, str]] = {}
-    for op in ops:
-        real, sim = probe_op(op, live, dtype), probe_op(op, fake, dtype)
-        for name in RUNS:
-            a, b = getattr(real, name), getattr(sim, name)
-            if a is None or b.error:
-                continue
-            if a.error:
-                why = f"the CPU kernel raises ({a.error}) where the meta kernel runs"
-            elif a.out != b.out:
-                why = f"the CPU kernel returns {a.out} where the meta kernel returns {b.out}"
-            else:
-                continue
-            gaps.setdefault(op.name, {})[name] = why
+    for name, ref in references(dtype, ops).items():
+        for i, run_name in enumerate(RUNS):
+            if ref.fake[i] is not None and (why := _gap(i, ref.fake[i], ref)):
+                gaps.setdefault(name, {})[run_name] = why
     return gaps
 
 
@@ -537,6 +644,10 @@ class Policy:
             if p.op == op:
                 return p
         raise KeyError(op)
+
+    def has(self, op: str) -> bool:
+        """Whether ``op`` was probed."""
+        return any(p.op == op for p in self.probes)
 
     def kind(self, op: str) -> str:
         """The class of one op."""
@@ -613,10 +724,18 @@ def _out(r: Run | None, undecided: bool = False) -> str:
     return "error" if r.error else dtypes.name(r.out) if r.out else "-"
 
 
+def registered() -> tuple[Op, ...]:
+    """A probe call for every op this build registers an autocast kernel for that has one
+    (see :mod:`mpguide.autocast.catalogue`)."""
+    from mpguide.autocast import catalogue
+
+    return catalogue.ops()
+
+
 def probe(
     dev: _device.Target | torch.device | str | None = None,
     dtype: torch.dtype | str = torch.bfloat16,
-    ops: Sequence[Op] = CATALOGUE,
+    ops: Sequence[Op] | None = None,
     seed: int = 0,
     simulate: bool = False,
 ) -> Policy:
@@ -626,9 +745,10 @@ def probe(
     build's dispatch rules (see :func:`mpguide.autocast.device.target`); the result says so.
     """
     dtype = dtypes.autocast_dtype(dtype)
+    ops = registered() if ops is None else ops
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
-    gaps = meta_gaps(dtype, tuple(ops)) if target.simulated else {}
-    probes = tuple(probe_op(op, target, dtype, seed, gaps.get(op.name)) for op in ops)
+    refs = references(dtype, tuple(ops)) if target.simulated else {}
+    probes = tuple(probe_op(op, target, dtype, seed, refs.get(op.name)) for op in ops)
     return Policy(target.device.type, dtype, target.describe(), probes, target.how)
 
 
@@ -719,11 +839,12 @@ class Devices:
 def across(
     dtype: torch.dtype | str = torch.bfloat16,
     devices: Sequence[str] | None = None,
-    ops: Sequence[Op] = CATALOGUE,
+    ops: Sequence[Op] | None = None,
     simulate: bool = False,
 ) -> Devices:
     """Probe ``dtype`` on each of ``devices`` (default: every device type this build's
     autocast can simulate), live where present, simulated elsewhere."""
     dtype = dtypes.autocast_dtype(dtype)
     names = _device.simulated_types() if devices is None else devices
+    ops = registered() if ops is None else ops
     return Devices(dtype, tuple(probe(d, dtype, ops, simulate=simulate) for d in names))

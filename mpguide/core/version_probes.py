@@ -361,7 +361,7 @@ def _inductor_round_trip() -> str:
 
 @fact("compile_rejects_mixed_matmul")
 def _compile_mixed_matmul() -> str:
-    """What inductor does with a float16 @ float32 matmul that eager rejects."""
+    """What inductor does with a batched float16 @ float32 matmul that eager rejects."""
 
     def fn(a, b):
         return a @ b
@@ -370,7 +370,7 @@ def _compile_mixed_matmul() -> str:
     try:
         with _quiet():
             out = torch.compile(fn, backend="inductor")(
-                torch.ones(4, 4, dtype=torch.float16), torch.ones(4, 4)
+                torch.ones(2, 4, 8, 8, dtype=torch.float16), torch.ones(2, 4, 8, 16)
             )
     except Exception as err:  # noqa: BLE001 - the exception is the observation
         return raised(err)
@@ -384,6 +384,19 @@ def _fp8_cast_overflow() -> str:
     """What a cast to float8_e4m3fn makes of a finite value past its largest (448) and of inf."""
     got = torch.tensor([1000.0, float("inf")]).to(torch.float8_e4m3fn).float().tolist()
     return ", ".join(str(v) for v in got)
+
+
+@fact("bf16_fft_simulated_cuda")
+def _bf16_fft_fake_cuda() -> str:
+    """What ``fft.rfft`` of a bf16 tensor gives on a fake CUDA device (no kernel runs)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            out = torch.fft.rfft(torch.empty(8, dtype=torch.bfloat16, device="cuda"))
+    except Exception as err:  # noqa: BLE001 - the exception is the observation
+        return raised(err)
+    return dtypes.name(out.dtype)
 
 
 def main(argv: list[str] | None = None) -> int:
