@@ -52,7 +52,7 @@ predictions = {op.name: predicted(op) for op in policy.registered()}
 mixed_ops = [name for name, dt in predictions.items() if dt is not None]
 promoted = [name for name in mixed_ops if predictions[name] == torch.float32]
 kept = [name for name in mixed_ops if predictions[name] != torch.float32]
-assert set(predictions[name] for name in kept) <= {torch.bfloat16}  # 0-dim float32 inputs
+assert {predictions[name] for name in kept} <= {torch.bfloat16}  # 0-dim float32 inputs
 print(f"{len(mixed_ops)} ops take two or more floating inputs; result_type says float32 for "
       f"{len(promoted)}, bfloat16 for {len(kept)} (their float32 inputs are 0-dim, which do "
       f"not promote): {', '.join(kept) or 'none'}")
