@@ -32,7 +32,7 @@ import torch
 
 import mpguide
 from mpguide.autocast import device
-from mpguide.core import record
+from mpguide.core import record, versions
 
 _machine = device.describe()
 
@@ -81,6 +81,8 @@ myst_heading_anchors = 3
 myst_substitutions = {
     "torch_version": torch.__version__,
     "build_device": _machine.caption(),
+    "torch_oldest": versions.WINDOW[0],
+    "torch_newest": versions.WINDOW[1],
 }
 nb_execution_mode = "cache"
 nb_execution_cache_path = str(ROOT / "build" / "jupyter_cache")

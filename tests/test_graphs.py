@@ -6,6 +6,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from mpguide import MPGuideError
 from mpguide.autocast import device
 from mpguide.compiled import backends, graphs
+from mpguide.core import versions
 
 
 def _exact(x, y, b):
@@ -195,8 +196,21 @@ def test_simulated_cpu_capture_equals_the_live_one_node_for_node(fn, specs, grad
         == set(sim.graphs())
         == ({"forward", "backward"} if grad else {"forward"})
     )
+    # Before 2.13 inductor's pointless_convert, a pattern pass a simulation skips, replaces the
+    # round trip's two conversions by one to float32: the simulation keeps the bf16 one.
+    skipped = (
+        fn is round_trip
+        and backend == "inductor"
+        and not versions.change("inductor_cpu_bf16_round_trip").holds
+    )
     for which in live.graphs():
-        assert sim.nodes(which) == live.nodes(which)
+        sim_nodes = [
+            n
+            for n in sim.nodes(which)
+            if not (skipped and n == ("prims.convert_element_type", "bf16[64]"))
+        ]
+        assert sim_nodes == live.nodes(which)
+    assert (len(sim.nodes()) > len(live.nodes())) is skipped
 
 
 def test_simulated_cuda_under_autocast_runs_softmax_in_fp32_and_has_no_backward():

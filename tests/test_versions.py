@@ -1,4 +1,5 @@
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +47,13 @@ def test_every_change_happened_inside_the_window_and_says_both_sides():
         # A change at the oldest release holds everywhere in the window: nothing to state.
         assert oldest < versions.release(c.since) <= newest, name
         assert c.before and c.after and c.before != c.after, name
+
+
+def test_the_package_and_the_readme_state_the_window():
+    root = Path(__file__).resolve().parents[1]
+    oldest, newest = versions.WINDOW
+    assert f'dependencies = ["torch>={oldest}",' in (root / "pyproject.toml").read_text()
+    assert f"Supported torch: {oldest} to {newest}," in (root / "README.md").read_text()
 
 
 def test_an_unknown_change_is_a_key_error():

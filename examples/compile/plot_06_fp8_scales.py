@@ -8,7 +8,7 @@ and inductor can return different scales for the same line of Python. We compute
 each backend on this build's device, read the graph to see which intermediates are bf16, and
 show what ``emulate_precision_casts`` and an explicit float32 ``amax`` change. Eager rounds the
 reciprocal and the product to bf16; inductor keeps both in float32; emulation brings eager's
-scale back; a float32 ``amax`` makes every backend agree.
+scale back (on the CPU since torch 2.13); a float32 ``amax`` makes every backend agree.
 """
 
 # %%
@@ -18,6 +18,7 @@ import torch
 
 from mpguide.autocast import device
 from mpguide.compiled import backends, graphs
+from mpguide.core import versions
 from mpguide.core.table import Table
 
 dev = device.pick()
@@ -74,7 +75,11 @@ in_float32 = (1 / amax.float()) * FP8_MAX
 assert got["eager"].item() == got["aot_eager"].item() == rounded_twice.item()
 assert got["inductor"].item() == in_float32.item()
 assert got["eager"].item() != got["inductor"].item()
-assert got[backends.EMULATE].item() == got["eager"].item()
+# Emulation gives eager's scale where inductor's kernel honours it, the CPU's since torch 2.13:
+kept = versions.change("inductor_cpu_bf16_round_trip")
+print(kept.describe())
+emulated = got["eager"] if kept.holds or dev.type != "cpu" else got["inductor"]
+assert got[backends.EMULATE].item() == emulated.item()
 print(f"eager and aot_eager: {got['eager'].item()} (rounded to bf16 twice); inductor: "
       f"{got['inductor'].item():.9g} (float32); with emulate_precision_casts: "
       f"{got[backends.EMULATE].item()}")
@@ -144,7 +149,8 @@ assert ((values.float() * (1 / values.float()) * FP8_MAX) <= FP8_MAX * (1 + 2**-
 # -----------
 # - With a bf16 ``amax``, ``FP8_MAX / amax`` is a bf16 reciprocal and a bf16 product: eager and
 #   ``aot_eager`` round twice, inductor computes in float32 and returns a different scale.
-# - ``emulate_precision_casts`` gives eager's scale under inductor.
+# - ``emulate_precision_casts`` gives eager's scale under inductor (on the CPU since torch 2.13;
+#   before, the CPU kernel ignored it and gave inductor's).
 # - The graphs for CUDA carry the same bf16 reciprocal and product; what its kernels compute
 #   needs a GPU.
 # - Taking ``amax`` to float32 first makes every backend agree.

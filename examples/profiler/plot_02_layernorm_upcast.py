@@ -19,6 +19,7 @@ CPU. The casts are asserted to be present; their cost is measured, not assumed.
 import torch
 
 from mpguide.autocast import device
+from mpguide.core import versions
 
 dev = device.pick()
 device.describe(dev)
@@ -161,10 +162,10 @@ assert per_step_casts == 1.5 * norm_traffic
 # --------------------------------------------
 # A float32 ``nn.RMSNorm`` on the same bf16 activation under autocast, profiled eagerly and
 # compiled with inductor (profiled live on this build's device). Eagerly, CUDA autocast casts
-# the input up (``rms_norm`` is on its
-# float32 list); on the CPU, where autocast leaves ``rms_norm`` alone, the mixed dtypes keep the
-# fused kernel out and the composite form casts the input up and the result back down (with a
-# warning, silenced here, that says so). Compiled, the casts are fused into inductor's kernel
+# the input up (``rms_norm`` is on its float32 list since torch 2.12); on the CPU, where autocast
+# leaves ``rms_norm`` alone (and on CUDA before 2.12), the mixed dtypes keep the fused kernel out
+# and the composite form casts the input up and the result back down (with a warning, silenced
+# here, that says so). Compiled, the casts are fused into inductor's kernel
 # and no cast op is left in the trace. The counts keep tensor casts only: the report also finds
 # 0-dim conversions of Python scalars inside ``mean`` and ``add_``.
 import warnings
@@ -195,7 +196,9 @@ for name, fn in (("eager", autocast_rms), ("inductor", compiled_rms)):
     per_step[name] = [(*p, sum((c.source, c.target) == p for c in found) // 5) for p in pairs]
     print(f"RMSNorm under autocast, {name}: tensor casts per step (source, target, count): "
           f"{per_step[name]}")
-if dev.type == "cuda":
+rms_rule = versions.change("rms_norm_cuda_autocast")
+print(rms_rule.describe())
+if dev.type == "cuda" and rms_rule.holds:
     assert per_step["eager"] == [("bfloat16", "float32", 1)]
 else:
     assert per_step["eager"] == [("bfloat16", "float32", 1), ("float32", "bfloat16", 1)]

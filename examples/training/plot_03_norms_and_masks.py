@@ -9,8 +9,8 @@ takes, the dtype it returns and the dtype it stores; train BatchNorms whose buff
 send an fp16 overflow into a norm; sum an embedding row's gradient in each table dtype; and
 pass attention masks of each kind through ``scaled_dot_product_attention`` under autocast.
 The answer: BatchNorm has no autocast rule on either device and keeps float32 running
-statistics, while LayerNorm, GroupNorm and RMSNorm run in float32 on CUDA and in the input's
-dtype on the CPU; bf16 running statistics stop short of the mean they track; an fp16 overflow
+statistics, while LayerNorm, GroupNorm and RMSNorm (since torch 2.12) run in float32 on CUDA
+and in the input's dtype on the CPU; bf16 running statistics stop short of the mean they track; an fp16 overflow
 upstream turns a norm's output, and a BatchNorm's running statistics, into NaN for good; a
 bf16 embedding table loses precision in its summed gradients; and autocast casts float
 attention masks to the low-precision dtype, where large negative values become ``-inf``.
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpguide.autocast import device
-from mpguide.core import dtypes
+from mpguide.core import dtypes, versions
 from mpguide.core.table import Table
 from mpguide.training import loop
 
@@ -49,25 +49,32 @@ norms
 # %%
 # BatchNorm has no autocast rule on either device: its kernel takes the bf16 input with the
 # float32 weight and running statistics, returns bf16 and updates float32 buffers. LayerNorm,
-# GroupNorm and RMSNorm run in float32 under CUDA's autocast (a bf16 -> float32 cast, a float32
-# output), and stay in bf16 under the CPU's. RMSNorm on the CPU refuses its fused kernel for a
-# bf16 input with a float32 weight, warns, and computes in float32 through its decomposition,
-# casting back to bf16.
+# GroupNorm and RMSNorm (since torch 2.12) run in float32 under CUDA's autocast (a bf16 ->
+# float32 cast, a float32 output), and stay in bf16 under the CPU's. RMSNorm without an autocast
+# rule (the CPU's, and CUDA's before 2.12) refuses its fused kernel for a bf16 input with a
+# float32 weight, warns, and computes in float32 through its decomposition, casting back to bf16.
+# This torch:
+rms_rule = versions.change("rms_norm_cuda_autocast")
+print(rms_rule.describe())
 cuda_how = norms["LayerNorm", "cuda"].how
+float32_on_cuda = ("LayerNorm", "GroupNorm", "RMSNorm") if rms_rule.holds else (
+    "LayerNorm", "GroupNorm")
 for where in ("cpu", "cuda"):
     bn = norms["BatchNorm1d", where]
     assert (bn.computes, bn.out, bn.keeps, bn.casts) == (bf16, bf16, torch.float32, ()), where
-for layer in ("LayerNorm", "GroupNorm", "RMSNorm"):
+for layer in float32_on_cuda:
     on_cuda = norms[layer, "cuda"]
     assert (on_cuda.computes, on_cuda.out) == (torch.float32, torch.float32), layer
     assert (bf16, torch.float32) in on_cuda.casts and on_cuda.keeps is None, layer
 for layer in ("LayerNorm", "GroupNorm"):
     on_cpu = norms[layer, "cpu"]
     assert (on_cpu.computes, on_cpu.out, on_cpu.casts) == (bf16, bf16, ()), layer
+for where in ("cpu",) if rms_rule.holds else ("cpu", "cuda"):
+    rms = norms["RMSNorm", where]
+    assert (rms.computes, rms.out) == (torch.float32, bf16), where
+    assert rms.casts == ((bf16, torch.float32), (torch.float32, bf16)), where
+    assert rms.warning is not None and rms.warning.startswith("UserWarning"), where
 rms = norms["RMSNorm", "cpu"]
-assert (rms.computes, rms.out) == (torch.float32, bf16)
-assert rms.casts == ((bf16, torch.float32), (torch.float32, bf16))
-assert "Cannot dispatch to fused implementation" in rms.warning
 print(f"cuda column: {cuda_how}")
 print(f"RMSNorm on the cpu: {rms.warning.split(' (Triggered')[0]}")
 
@@ -330,8 +337,9 @@ assert {padded_row["bool", dt] for dt in (None, bf16, fp16)} == {"zeros"}
 # -----------
 # - BatchNorm has no autocast rule on the CPU or CUDA: its kernel takes the bf16 input with
 #   float32 weights, returns bf16 and keeps float32 running statistics. LayerNorm, GroupNorm
-#   and RMSNorm take and return float32 under CUDA's autocast, and stay in bf16 under the
-#   CPU's, where RMSNorm warns and decomposes into float32 ops.
+#   and RMSNorm (since torch 2.12) take and return float32 under CUDA's autocast, and stay in
+#   bf16 under the CPU's; without an autocast rule RMSNorm warns and decomposes into float32
+#   ops, returning bf16.
 # - With bf16 buffers (a model cast with ``.to``), a BatchNorm's running mean stops short of
 #   the mean it is fed, by more than two bf16 spacings; fp16 buffers stop closer, float32
 #   buffers track it.

@@ -250,8 +250,8 @@ def autocast(dev: Target, dtype: torch.dtype | None) -> Iterator[None]:
 
 def built(dev_type: str) -> bool:
     """Whether this torch build has ``dev_type`` compiled in (``cpu`` and ``meta`` always).
-    Only then does the device have a guard, which autograd asks for a stream and some Python
-    bindings of tensor methods ask to set the device."""
+    Only then does the device have a guard, which some Python bindings of tensor methods ask to
+    set the device (whether a device is there is :func:`present`)."""
     if dev_type in ("cpu", "meta"):
         return True
     compiled = getattr(getattr(torch, dev_type, None), "_is_compiled", None)
@@ -395,9 +395,9 @@ def tensors(dev: Target, modules: Iterable[torch.nn.Module] = ()) -> Iterator[No
     """Where ``dev`` is simulated, make every tensor created inside fake (shapes, dtypes and
     devices only; ops run their meta kernels, some tensor methods as in :func:`aten_methods`),
     and give the parameters and buffers of ``modules`` fake counterparts on ``dev`` for the
-    block, the real ones put back after; a live device changes nothing. Where this build cannot
-    run autograd on the device (:func:`simulates_autograd`), grad mode is off inside, so a
-    module's parameters do not abort the process."""
+    block, the real ones put back after; a live device changes nothing. Where autograd cannot
+    run on the device here (:func:`simulates_autograd`), grad mode is off inside, so a module's
+    parameters neither abort the process nor fail its backward pass."""
     if not dev.simulated:
         yield
         return

@@ -128,10 +128,12 @@ _change(
 _change(
     "inductor_cpu_bf16_round_trip",
     "2.13",
-    before="inductor's pointless_convert pass removes a float32 -> bf16 -> float32 round trip "
-    "from the graph, so no code rounds to bf16, even with emulate_precision_casts",
-    after="inductor keeps a float32 -> bf16 -> float32 round trip in the graph; its CPU code "
-    "rounds to bf16 only with emulate_precision_casts",
+    before="inductor's CPU code skips a float32 -> bf16 -> float32 rounding even with "
+    "emulate_precision_casts: its CPU code generator ignores the setting, and its "
+    "pointless_convert pass removes such a round trip from the graph",
+    after="with emulate_precision_casts inductor's CPU code keeps a float32 -> bf16 -> float32 "
+    "rounding, and its pointless_convert pass leaves a round trip through a narrower dtype in "
+    "the graph",
 )
 _change(
     "compile_rejects_mixed_matmul",
