@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-FORMATS = ("table", "markdown", "json", "csv")
+from mpguide.core import terminal
+
+FORMATS = ("text", "markdown", "json", "csv")
+ALIASES = {"table": "text"}
+"""Other names of a format, kept so that older command lines still run."""
 
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 """C0 and C1 control characters, line and paragraph separators, and the bidirectional
@@ -121,18 +125,30 @@ class Table:
         rows = tuple(r for r in self.rows if all(r[i] == v for i, v in idx.items()))
         return Table(self.columns, rows, self.caption, self.notes)
 
-    def to_text(self) -> str:
+    def to_text(self, width: int | None = None) -> str:
+        """Aligned columns under a caption, the notes below. With ``width``, the table fits
+        it where it can: the widest text columns are shortened from the middle
+        (:func:`mpguide.core.terminal.abbreviate`), and the caption and notes are wrapped."""
         cells = [_safe(_cells(column)) for column in zip(*self.rows, strict=True)] or [
             [] for _ in self.columns
         ]
         columns = _safe(list(self.columns))
         widths = [max([len(c), *map(len, col)]) for c, col in zip(columns, cells, strict=True)]
+        if width is not None:
+            widths = _fitted(widths, self._texts(), width)
+            cells = [_shortened(col, w) for col, w in zip(cells, widths, strict=True)]
+            columns = [terminal.abbreviate(c, w) for c, w in zip(columns, widths, strict=True)]
         row = "  ".join(f"{{:<{w}}}" for w in widths).format
-        out = [escape_controls(self.caption)] if self.caption else []
+        out = _wrapped([escape_controls(self.caption)] if self.caption else [], width)
         out += [row(*columns).rstrip(), "  ".join("-" * w for w in widths)]
         out += [line.rstrip() for line in map(row, *cells)]
-        out += _safe(list(self.notes))
+        out += _wrapped(_safe(list(self.notes)), width)
         return "\n".join(out)
+
+    def _texts(self) -> list[bool]:
+        """Per column, whether it holds names (text that may be shortened), not numbers."""
+        kinds = [set(map(type, col)) - {type(None)} for col in zip(*self.rows, strict=True)]
+        return [bool(k) and k <= {str} for k in kinds] or [False] * len(self.columns)
 
     def to_markdown(self) -> str:
         def esc(s: str) -> str:
@@ -176,10 +192,13 @@ class Table:
         writer.writerows([cell(v) for v in row] for row in self.rows)
         return buf.getvalue()
 
-    def render(self, fmt: str) -> str:
-        """Render as one of :data:`FORMATS`."""
+    def render(self, fmt: str, width: int | None = None) -> str:
+        """Render as one of :data:`FORMATS` (or an alias of one, :data:`ALIASES`); text fits
+        ``width`` where it can."""
+        fmt = ALIASES.get(fmt, fmt)
+        if fmt == "text":
+            return self.to_text(width)
         renderers = {
-            "table": self.to_text,
             "markdown": self.to_markdown,
             "json": self.to_json,
             "csv": self.to_csv,
@@ -193,6 +212,35 @@ class Table:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+
+SHORTEST = 12
+"""The fewest characters a shortened column keeps."""
+
+
+def _fitted(widths: list[int], texts: list[bool], width: int) -> list[int]:
+    """Column widths that fit ``width`` with two spaces between columns: the widest text
+    columns are cut to one cap, none below :data:`SHORTEST` (so a table of many numeric
+    columns may still be wider)."""
+    room = width - 2 * (len(widths) - 1)
+    fixed = sum(w for w, t in zip(widths, texts, strict=True) if not t)
+    names = sorted((w for w, t in zip(widths, texts, strict=True) if t), reverse=True)
+    if fixed + sum(names) <= room or not names:
+        return widths
+    cap = max(names)
+    while cap > SHORTEST and fixed + sum(min(w, cap) for w in names) > room:
+        cap -= 1
+    return [min(w, cap) if t else w for w, t in zip(widths, texts, strict=True)]
+
+
+def _shortened(cells: list[str], most: int) -> list[str]:
+    return [terminal.abbreviate(c, most) for c in cells]
+
+
+def _wrapped(lines: list[str], width: int | None) -> list[str]:
+    if width is None:
+        return lines
+    return [part for line in lines for part in terminal.wrap(line, width)]
 
 
 def from_records(records: Sequence[dict[str, Any]], caption: str = "", notes=()) -> Table:

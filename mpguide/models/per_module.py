@@ -49,6 +49,10 @@ from mpguide.core.table import Table
 from mpguide.precision import numerics
 
 FORWARD, BACKWARD = "forward", "backward"
+SHOWN = ("module", "type", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero")
+"""The columns a table shows by default: where each module's dtypes change and its error."""
+BEYOND = "|ref| > max"
+"""The column of reference values beyond the low-precision format's largest finite value."""
 JUMP = 10.0
 """How many times its input's error a module's output error must be to count as a jump."""
 
@@ -474,10 +478,8 @@ class Report:
             )
         return out
 
-    def table(self, limit: int | None = None) -> Table:
-        """One row per module call in call order (the first ``limit`` of them); the notes
-        say what the columns mean, what the report found and how many rows are left out."""
-        low = dtypes.short(self.low)
+    def columns(self) -> list[str]:
+        """Every column this report has, in order."""
         columns = ["module", "type", "in", "out", "params", "ops", "casts"]
         if self.autocast is not None:
             columns.append("autocast casts")
@@ -486,10 +488,40 @@ class Report:
             if self.autocast is not None:
                 columns.append("bwd autocast casts")
         if not self.simulated:
-            columns += ["in err", "out err", "inf", "nan", "to zero", f"|ref| > {low} max"]
+            columns += ["in err", "out err", "inf", "nan", "to zero", BEYOND]
+        return columns
+
+    def table(
+        self,
+        limit: int | None = None,
+        columns: str | list[str] | None = None,
+        nested: bool = False,
+    ) -> Table:
+        """One row per module call in call order (the first ``limit`` of them); the notes
+        say what the columns mean, what the report found and how many rows are left out.
+        ``columns``: None for those that matter most (:data:`SHOWN`), ``"all"``, or a list
+        of names from :meth:`columns`. ``nested``: each module named within the call that
+        runs it, indented by depth (``    q_proj``), as a terminal reads it; else by its
+        qualified name."""
+        every = self.columns()
+        if columns is None:
+            columns = [c for c in every if c in SHOWN]
+        elif columns == "all":
+            columns = every
+        else:
+            unknown = [c for c in columns if c not in every]
+            if unknown:
+                raise MPGuideError(
+                    f"no column {unknown[0]!r} in this report; it has {', '.join(every)}"
+                )
         shown = self.calls if limit is None else self.calls[:limit]
         rows = tuple(tuple(_cells(c, columns)) for c in shown)
-        notes = [*self.findings(), *self.notes, _legend(self)]
+        if nested and "module" in columns:
+            at = columns.index("module")
+            rows = tuple(
+                (*r[:at], label, *r[at + 1 :]) for r, label in zip(rows, _nested(shown), strict=True)
+            )
+        notes = [*self.findings(), *self.notes, _legend(self, columns)]
         if len(shown) < len(self.calls):
             notes.append(
                 f"... {len(self.calls) - len(shown)} more module calls not shown "
@@ -559,24 +591,45 @@ def _cells(c: ModuleCall, columns: list[str]) -> Iterator[Any]:
         "to zero": c.to_zero,
     }
     for col in columns:
-        yield c.beyond_range if col.startswith("|ref| >") else values[col]
+        yield c.beyond_range if col == BEYOND else values[col]
 
 
-def _legend(r: Report) -> str:
-    parts = [
-        "ops and casts: run by the module itself, not its submodules; casts: dtype conversions"
-    ]
-    if r.autocast is not None:
+def _nested(calls) -> Iterator[str]:
+    """Each call's name within the call that runs it (its full name where it is not a
+    submodule of that one), indented two spaces per level."""
+    stack: list[str] = []
+    for c in calls:
+        del stack[c.depth :]
+        parent = stack[-1] if stack else ""
+        name = c.name[len(parent) + 1 :] if parent and c.name.startswith(parent + ".") else None
+        stack.append(c.name)
+        label = _label((name or c.name, c.index)) if c.depth else c.label
+        yield "  " * c.depth + label
+
+
+def _legend(r: Report, columns: list[str]) -> str:
+    said = set(columns)
+    parts = ["casts: dtype conversions the module ran itself, not its submodules"]
+    if said & {"ops", "bwd ops"}:
+        parts.append("ops: the ops it ran itself")
+    if said & {"autocast casts", "bwd autocast casts"}:
         parts.append("autocast casts: those the same call does not make with autocast off")
     if r.backward:
         parts.append("bwd: the backward pass, with ones as output gradients")
-    if not r.simulated:
+    if said & {"in err", "out err"}:
         parts.append(
-            "err: max |error| / mean |ref| of the first floating input and of the output, "
-            "against a float64 copy of the model on the same inputs; inf, nan: returned "
-            "where the reference is finite; to zero: zero where the reference is not; "
-            f"|ref| > max: reference values beyond the largest finite {dtypes.name(r.low)}"
+            "err: max |error| / mean |ref| of the "
+            + ("first floating input and of the " if "in err" in said else "")
+            + "output, against a float64 copy of the model on the same inputs"
         )
+    if said & {"inf", "nan"}:
+        parts.append("inf, nan: returned where the reference is finite")
+    if "to zero" in said:
+        parts.append("to zero: zero where the reference is not")
+    if BEYOND in said:
+        parts.append(f"{BEYOND}: reference values beyond the largest finite {dtypes.name(r.low)}")
+    if set(r.columns()) - said:
+        parts.append("--columns all shows every column")
     return "; ".join(parts)
 
 

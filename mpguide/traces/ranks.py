@@ -180,10 +180,10 @@ def rank_casts(
     loaded = trace_file.load(path, args_of=cast_report.needs_args, max_bytes=max_bytes)
     tree = loaded.tree(python=True)
     report = cast_report.report(tree)
-    summary = report.summary(by)
+    summary = report.summary(by, scalars=False)  # 0-d casts folded, as for one file
     keys = cast_report.SUMMARY_KEYS[by]
     top, top_cpu = None, None
-    if summary.rows:
+    if summary.rows and not str(summary.rows[0][0]).startswith(cast_report.FOLDED[:-1]):
         top = " -> ".join(str(v) for v in summary.rows[0][: len(keys)])
         top_cpu = float(summary.column("cpu us")[0])
     return RankCasts(
@@ -318,19 +318,20 @@ class Ranks:
                 return (f"{said}: {most} ({figure} {top:,.1f}, {than} {median:,.1f})",)
         return ()
 
-    def render(self, fmt: str) -> str:
+    def render(self, fmt: str, width: int | None = None) -> str:
         """Both tables in ``fmt`` (one of :data:`mpguide.core.table.FORMATS`): JSON as one
-        document with ``ranks`` and ``summary``; CSV the rows per trace alone."""
+        document with ``ranks`` and ``summary``; CSV the rows per trace alone; text fitting
+        ``width`` where it can."""
         table, summary = self.table(), self.summary()
         if fmt == "json":
             doc = {"ranks": json.loads(table.to_json()), "summary": json.loads(summary.to_json())}
             return json.dumps(doc, indent=2)
         if fmt == "csv":
             return table.to_csv()
-        return f"{table.render(fmt)}\n\n{summary.render(fmt)}"
+        return f"{table.render(fmt, width)}\n\n{summary.render(fmt, width)}"
 
     def __repr__(self) -> str:
-        return self.render("table")
+        return self.render("text")
 
     def _repr_html_(self) -> str:
         return self.table().to_html() + self.summary().to_html()

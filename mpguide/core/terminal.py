@@ -1,0 +1,58 @@
+"""How wide the reader's terminal is, and text made to fit it.
+
+Every command's default text output fits :func:`width` columns: names are shortened from
+the middle (:func:`abbreviate`, so that both the start of a module path and its last part
+stay), notes are wrapped (:func:`wrap`).
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+DEFAULT = 100
+"""The width when neither ``COLUMNS`` nor a terminal says."""
+MARK = "..."
+"""What stands for the characters an abbreviated name leaves out."""
+
+
+def width() -> int:
+    """``COLUMNS`` when it is a positive number, else the width of the terminal on stdout,
+    else :data:`DEFAULT`."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(1).columns or DEFAULT
+    except (OSError, ValueError):  # not a terminal
+        return DEFAULT
+
+
+def abbreviate(text: str, most: int) -> str:
+    """``text`` in at most ``most`` characters: its start and end kept, :data:`MARK` between
+    (``model.layers.0.self_attn.q_proj`` -> ``model.lay...attn.q_proj``); leading spaces
+    (a nesting) kept where the name still has room."""
+    if len(text) <= most:
+        return text
+    indent = len(text) - len(text.lstrip(" "))
+    if indent and most - indent > 2 * len(MARK):  # an indented name keeps its indent
+        return text[:indent] + abbreviate(text[indent:], most - indent)
+    if most <= len(MARK):
+        return text[:most]
+    keep = most - len(MARK)
+    head = keep // 2
+    return text[:head] + MARK + text[len(text) - (keep - head) :]
+
+
+def wrap(text: str, most: int, indent: str = "  ") -> list[str]:
+    """``text`` as lines of at most ``most`` characters, the lines after the first indented;
+    a word longer than a line is broken."""
+    if len(text) <= most:
+        return [text]
+    return textwrap.wrap(
+        text,
+        most,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    ) or [text]
