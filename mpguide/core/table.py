@@ -134,15 +134,43 @@ class Table:
         ]
         columns = _safe(list(self.columns))
         widths = [max([len(c), *map(len, col)]) for c, col in zip(columns, cells, strict=True)]
-        if width is not None:
-            widths = _fitted(widths, self._texts(), width)
-            cells = [_shortened(col, w) for col, w in zip(cells, widths, strict=True)]
-            columns = [terminal.abbreviate(c, w) for c, w in zip(columns, widths, strict=True)]
+        notes = _safe(list(self.notes))
+        caption = escape_controls(self.caption)
+        if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+            cells = [[_short_dtypes(c) for c in col] for col in cells]
+            columns = [_short_dtypes(c) for c in columns]
+            widths = [max([len(c), *map(len, col)]) for c, col in zip(columns, cells, strict=True)]
+            texts, widths_ = self._texts(), widths
+            keep = [
+                i
+                for i, col in enumerate(cells)
+                if not (len(set(col)) == 1 and len(col) > 1 and col[0] and col[0] in caption)
+            ]  # a column that says what the caption says, on every row, is left to it
+            # The most columns that fit once their names are shortened, none below a width
+            # that still reads (a name cut to 12 characters is a last resort).
+            for shortest, fit in [(s, n) for s in READABLE for n in range(len(keep), 0, -1)]:
+                shown = keep[:fit]
+                widths = _fitted(
+                    [widths_[i] for i in shown], [texts[i] for i in shown], width, shortest
+                )
+                if sum(widths) + 2 * (fit - 1) <= width:
+                    break
+            cells = [_shortened(cells[i], w) for i, w in zip(shown, widths, strict=True)]
+            columns = [
+                terminal.abbreviate(columns[i], w) for i, w in zip(shown, widths, strict=True)
+            ]
+            if fit < len(keep):
+                left = [self.columns[i] for i in keep[fit:]]
+                notes.append(
+                    f"{len(left)} column{'s' if len(left) > 1 else ''} left out to fit "
+                    f"{width} characters: {', '.join(left)} (a wider COLUMNS, or --format "
+                    "markdown, json or csv, shows them)"
+                )
         row = "  ".join(f"{{:<{w}}}" for w in widths).format
-        out = _wrapped([escape_controls(self.caption)] if self.caption else [], width)
+        out = _wrapped([caption] if caption else [], width)
         out += [row(*columns).rstrip(), "  ".join("-" * w for w in widths)]
         out += [line.rstrip() for line in map(row, *cells)]
-        out += _wrapped(_safe(list(self.notes)), width)
+        out += _wrapped(notes, width)
         return "\n".join(out)
 
     def _texts(self) -> list[bool]:
@@ -214,23 +242,35 @@ class Table:
         return self.to_html()
 
 
-SHORTEST = 12
-"""The fewest characters a shortened column keeps."""
+READABLE = (16, 12)
+"""The fewest characters a shortened column keeps: columns are left out before names are cut
+below the first, and the second is the last resort."""
 
 
-def _fitted(widths: list[int], texts: list[bool], width: int) -> list[int]:
+def _fitted(widths: list[int], texts: list[bool], width: int, shortest: int) -> list[int]:
     """Column widths that fit ``width`` with two spaces between columns: the widest text
-    columns are cut to one cap, none below :data:`SHORTEST` (so a table of many numeric
-    columns may still be wider)."""
+    columns are cut to one cap, none below ``shortest`` (so a table of many numeric columns
+    may still be wider)."""
     room = width - 2 * (len(widths) - 1)
     fixed = sum(w for w, t in zip(widths, texts, strict=True) if not t)
     names = sorted((w for w, t in zip(widths, texts, strict=True) if t), reverse=True)
     if fixed + sum(names) <= room or not names:
         return widths
     cap = max(names)
-    while cap > SHORTEST and fixed + sum(min(w, cap) for w in names) > room:
+    while cap > shortest and fixed + sum(min(w, cap) for w in names) > room:
         cap -= 1
     return [min(w, cap) if t else w for w, t in zip(widths, texts, strict=True)]
+
+
+_DTYPES = re.compile(r"\b(?:b?float|u?int)(?:8|16|32|64)\b")
+
+
+def _short_dtypes(text: str) -> str:
+    """Dtype names in the graphs' notation (``bfloat16`` -> ``bf16``), which text output
+    uses when the full names do not fit."""
+    if "float" not in text and "int" not in text:
+        return text
+    return _DTYPES.sub(lambda m: m[0].replace("float", "f").replace("int", "i"), text)
 
 
 def _shortened(cells: list[str], most: int) -> list[str]:

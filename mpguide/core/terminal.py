@@ -30,7 +30,7 @@ def width() -> int:
 
 def abbreviate(text: str, most: int) -> str:
     """``text`` in at most ``most`` characters: its start and end kept, :data:`MARK` between
-    (``model.layers.0.self_attn.q_proj`` -> ``model.lay...attn.q_proj``); leading spaces
+    (``model.layers.0.self_attn.q_proj`` -> ``model.l...f_attn.q_proj``); leading spaces
     (a nesting) kept where the name still has room."""
     if len(text) <= most:
         return text
@@ -40,7 +40,7 @@ def abbreviate(text: str, most: int) -> str:
     if most <= len(MARK):
         return text[:most]
     keep = most - len(MARK)
-    head = keep // 2
+    head = keep // 3  # the end of a name tells more apart (q_proj, e4m3fn, :218)
     return text[:head] + MARK + text[len(text) - (keep - head) :]
 
 

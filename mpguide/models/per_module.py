@@ -519,7 +519,8 @@ class Report:
         if nested and "module" in columns:
             at = columns.index("module")
             rows = tuple(
-                (*r[:at], label, *r[at + 1 :]) for r, label in zip(rows, _nested(shown), strict=True)
+                (*r[:at], label, *r[at + 1 :])
+                for r, label in zip(rows, _nested(shown), strict=True)
             )
         notes = [*self.findings(), *self.notes, _legend(self, columns)]
         if len(shown) < len(self.calls):

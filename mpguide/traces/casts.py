@@ -747,9 +747,7 @@ class CastReport:
         columns = [present, count, total, unknown, cpu, gpu]
         if by == "cause":
             columns += self._own_time(at, present)
-        directions = (
-            self._directions(group[at], self.pair[at], present) if by in _NAMED else None
-        )
+        directions = self._directions(group[at], self.pair[at], present) if by in _NAMED else None
         rows = []
         for j, (key, n, w, u, c, g, *own) in enumerate(
             zip(*(list(x) if isinstance(x, list) else x.tolist() for x in columns), strict=True)
@@ -785,7 +783,12 @@ class CastReport:
         for k, c in zip(both.tolist(), count.tolist(), strict=True):
             g, p = divmod(k, n)
             found.setdefault(g, Counter())[pair_label(*self.pairs[p])] += c
-        return [", ".join(label for label, _ in found[g].most_common()) for g in present.tolist()]
+        return [
+            ", ".join(
+                label for label, _ in sorted(found[g].items(), key=lambda kv: (-kv[1], kv[0]))
+            )
+            for g in present.tolist()
+        ]
 
     def _own_time(self, at: np.ndarray, present: np.ndarray) -> list[list[float | None]]:
         """Per cause in ``present``, the CPU and GPU time of its causing nodes less the part
