@@ -120,7 +120,7 @@ def test_casts_defaults_to_the_summary_by_module_and_line(capsys):
         *("1.66", "ms", "2.33", "ms", "3.52%", "7.30%"),
     ]
     assert rows[0].split()[0].endswith("_qwen2.py:218)")
-    assert rows[1].startswith("Qwen2RotaryEm...") and "f32->bf16, i64->f32" in rows[1]
+    assert rows[1].startswith("Qwen2Rota...") and "f32->bf16, i64->f32" in rows[1]
     assert lines[5].startswith("22 casts fused into kernels") and len(lines) == 6
     assert main(["casts", H100_QWEN, "--format", "json"]) == 0
     first = json.loads(capsys.readouterr().out)["rows"][0]
