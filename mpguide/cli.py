@@ -301,29 +301,23 @@ def _inference(args: argparse.Namespace) -> str:
     import torch
 
     from mpguide.autocast import device
-    from mpguide.models import inference
+    from mpguide.models import inference, per_module
 
     dev = device.resolve(args.device) if args.device else device.pick()
     variants = (
         [inference.variant(n) for n in args.variants.split(",")]
         if args.variants
-        else list(inference.standard(dev))
-    )
+        else [v for v in inference.standard(dev) if dev.type != "cpu" or v.weights != torch.float16]
+    )  # fp16 matmuls are slow on a CPU: named, not by default
     if args.repeat < 1 or args.warmup < 0:
         raise MPGuideError(
             f"need --repeat >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}"
         )
     model, inputs = _factory(args.model)
-    tensors = [inputs] if isinstance(inputs, torch.Tensor) else inputs
-    if not (
-        isinstance(tensors, (tuple, list))
-        and tensors
-        and all(isinstance(t, torch.Tensor) for t in tensors)
-    ):
-        raise MPGuideError(
-            f"{args.model} must return inputs as a tensor or a tuple of tensors, "
-            f"got {type(inputs).__name__}"
-        )
+    try:
+        per_module.arguments(inputs)
+    except MPGuideError as err:
+        raise MPGuideError(f"{args.model}: {err}") from None
     with _readers_code(f"running the model of {args.model} on its inputs"):
         result = inference.compare(
             model, inputs, variants, dev, warmup=args.warmup, repeat=args.repeat
@@ -425,7 +419,11 @@ def _graph(args: argparse.Namespace) -> str:
         if fmt == "markdown":
             parts.append(f"**{header}**\n\n```python\n{code}\n```")
         else:
-            parts.append(f"# {header}\n{code}")
+            width = terminal.width()
+            code = "\n".join(
+                part for line in code.splitlines() for part in terminal.code_line(line, width)
+            )
+            parts.append("\n".join(terminal.wrap(f"# {header}", width, "#   ")) + f"\n{code}")
         parts.append(_shown(captured.flow(w), fmt))
     return "\n\n".join(parts)
 
@@ -568,13 +566,16 @@ def parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         metavar="SPEC",
-        help=f"{SPEC}: a function returning (model, inputs); importing it runs its top-level code",
+        help=f"{SPEC}: a function returning (model, inputs), the inputs a tensor, a tuple of "
+        "arguments or a dict of keyword arguments (a transformers model's); the model returns "
+        "logits, or an output with logits; importing it runs its top-level code",
     )
     s.add_argument(
         "--variants",
         metavar="NAMES",
         help="comma-separated, from fp32, bf16, fp16, autocast-bf16, autocast-fp16, "
-        "each optionally with +compile (default: all but autocast-fp16 on the CPU)",
+        "each optionally with +compile (default: fp32, bf16, autocast-bf16, and on CUDA fp16 "
+        "and autocast-fp16 too; fp16 matmuls are slow on most CPUs, so name fp16 to run it)",
     )
     s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
     s.add_argument("--warmup", type=int, default=3, help="calls before timing (default 3)")

@@ -140,12 +140,15 @@ class Table:
             cells = [[_short_dtypes(c) for c in col] for col in cells]
             columns = [_short_dtypes(c) for c in columns]
             widths = [max([len(c), *map(len, col)]) for c, col in zip(columns, cells, strict=True)]
-            texts, widths_ = self._texts(), widths
-            keep = [
+            texts, widths_ = (
+                [t and w > 3 for t, w in zip(self._texts(), widths, strict=True)],
+                widths,
+            )
+            keep = [  # a column of text that says what the caption says, on every row
                 i
                 for i, col in enumerate(cells)
-                if not (len(set(col)) == 1 and len(col) > 1 and col[0] and col[0] in caption)
-            ]  # a column that says what the caption says, on every row, is left to it
+                if not (texts[i] and len(set(col)) == 1 and len(col) > 1 and col[0] in caption)
+            ]
             # The most columns that fit once their names are shortened, none below a width
             # that still reads (a name cut to 12 characters is a last resort).
             for shortest, fit in [(s, n) for s in READABLE for n in range(len(keep), 0, -1)]:

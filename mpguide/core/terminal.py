@@ -56,3 +56,51 @@ def wrap(text: str, most: int, indent: str = "  ") -> list[str]:
         break_on_hyphens=False,
         drop_whitespace=True,
     ) or [text]
+
+
+def code_line(line: str, most: int) -> list[str]:
+    """One line of printed code in lines of at most ``most`` characters where it can: a
+    signature or ``return`` of many names keeps those that fit and counts the rest
+    (``..., 28 more)``), a comment is wrapped as comments, other code is wrapped with its
+    continuation indented (inside brackets, where Python allows it)."""
+    if len(line) <= most:
+        return [line]
+    indent = line[: len(line) - len(line.lstrip())]
+    body = line.lstrip()
+    if body.startswith("#"):
+        return textwrap.wrap(
+            body, most, initial_indent=indent, subsequent_indent=indent + "#   "
+        ) or [line]
+    for head in ("def ", "return "):
+        closing = "):" if body.endswith("):") else ")" if body.endswith(")") else None
+        if body.startswith(head) and ", " in body and "(" in body and closing:
+            opening = body.index("(") + 1
+            names = _top_level(body[opening : len(body) - len(closing)])
+            for keep in range(len(names) - 1, 0, -1):
+                text = (
+                    f"{indent}{body[:opening]}{', '.join(names[:keep])}, ... "
+                    f"{len(names) - keep} more{closing}"
+                )
+                if len(text) <= most:
+                    return [text]
+    return textwrap.wrap(
+        line,
+        most,
+        subsequent_indent=indent + " " * 8,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    ) or [line]
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets: ``'a: f32[2, 3], b'`` -> two names."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]

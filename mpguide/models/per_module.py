@@ -269,7 +269,7 @@ def _run(
     return recorder, ran_backward
 
 
-def _inputs(inputs: Any) -> tuple[tuple, dict]:
+def arguments(inputs: Any) -> tuple[tuple, dict]:
     """``(args, kwargs)`` from what a factory returned as inputs: one tensor, a tuple or list
     of arguments, or a dict of keyword arguments."""
     if isinstance(inputs, torch.Tensor):
@@ -667,7 +667,7 @@ def report(
             f"no backward pass on a simulated {target.device.type}: torch {torch.__version__} "
             "cannot run autograd there (a build with that device can)"
         )
-    args, kwargs = _inputs(inputs)
+    args, kwargs = arguments(inputs)
     low_model = model
     if dtype is not None or (not target.simulated and _on_other_device(model, target)):
         low_model = copy.deepcopy(model).to(device=_live(target), dtype=dtype)
