@@ -87,7 +87,10 @@ def test_variant_names():
         (["inference", "--model", "reader_model:not_a_pair"], "must return (model, inputs)"),
         (["inference", "--model", "reader_model:raises"], "raised ValueError: the reader's bug"),
         (["inference", "--model", "reader_model:exits"], "raised SystemExit(3)"),
-        (["inference", "--model", "reader_model:text_inputs"], "inputs must be a tensor, a tuple or list"),
+        (
+            ["inference", "--model", "reader_model:text_inputs"],
+            "inputs must be a tensor, a tuple or list",
+        ),
         (
             ["inference", "--model", "reader_model:wrong_shape", "--device", "cpu"],
             "running the model of reader_model:wrong_shape on its inputs raised RuntimeError",

@@ -479,6 +479,13 @@ class FusedCasts:
     def total_us(self) -> float:
         return float(self.us.sum())
 
+    @property
+    def unlaunched(self) -> np.ndarray:
+        """Mask of the kernels whose launch is not in the trace."""
+        if NO_LAUNCH not in self.causes:
+            return np.zeros(len(self), bool)
+        return self.cause == self.causes.index(NO_LAUNCH)
+
     def table(self, *, limit: int | None = None) -> Table:
         """One row per kernel, kind, cause and pass: how many ran and their time, most time
         first."""
@@ -635,11 +642,20 @@ class CastReport:
             notes.append("bytes are blank where the trace has no shape for the cast")
         if self.step_us is None and len(self):
             notes.append("share of step is blank: the trace has no ProfilerStep#N range")
-        if len(self.fused):
+        unlaunched = self.fused.unlaunched
+        fused = len(self.fused) - int(unlaunched.sum())
+        if fused:
+            us = float(self.fused.us[~unlaunched].sum())
             notes.append(
-                f"{len(self.fused)} casts fused into kernels "
-                f"({duration_text(self.fused.total_us)} of kernel time) are not in these rows: "
-                "--by fused lists them"
+                f"{fused} casts fused into kernels ({duration_text(us)} of kernel time) are "
+                "not in these rows: --by fused lists them"
+            )
+        if unlaunched.any():
+            us = float(self.fused.us[unlaunched].sum())
+            notes.append(
+                f"{int(unlaunched.sum())} more cast kernels ({duration_text(us)}) were launched "
+                "before the trace began (a previous step's copies): not counted above, --by "
+                "fused lists them as " + NO_LAUNCH
             )
         return notes
 

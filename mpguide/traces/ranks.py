@@ -28,7 +28,7 @@ import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -387,8 +387,10 @@ def _read(folder, work: Callable[[str], Row], jobs, scheduler, progress) -> Rank
     if jobs is not None and scheduler is not None:
         raise MPGuideError("give jobs or a scheduler, not both: the cluster has its own workers")
     paths = [str(p) for p in files(folder)]
-    if scheduler is not None:
-        rows, how = _on_cluster(work, paths, scheduler, progress)
+    if scheduler is not None:  # the workers have their own working directory: absolute paths
+        named = {os.path.abspath(p): p for p in paths}
+        rows, how = _on_cluster(work, list(named), scheduler, progress)
+        rows = [replace(r, file=named.get(r.file, r.file)) for r in rows]
     else:
         rows, how = _on_cores(work, paths, jobs or _cores(), progress)
     rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.file))
