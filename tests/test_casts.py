@@ -367,7 +367,8 @@ def test_inductor_convert_kernels_in_a_graph_replay_are_fused_casts():
     (row,) = report.fused.table().records()
     assert row["kind"] == "compiled" and row["kernels"] == 23 and row["device"] == "gpu"
     assert row["kernel us"] == pytest.approx(sum(k.dur for k in kernels), abs=1e-3)
-    assert row["cause"] == "replay (torch/cuda/graphs.py:139)"
+    # The innermost frame, torch/cuda/graphs.py's replay, is torch's: vLLM's line called it.
+    assert row["cause"] == "__call__ (vllm/compilation/cuda_graph.py:208)"
 
 
 def test_vendor_convert_and_quantize_kernels_are_fused_casts():
@@ -377,7 +378,7 @@ def test_vendor_convert_and_quantize_kernels_are_fused_casts():
     assert rows["vendor"]["kernel"] == "vllm::fused_add_rms_norm_kernel [vllm::_typeConvert]"
     assert rows["vendor"]["kernels"] == len(norm) == 10
     assert rows["vendor"]["kernel us"] == pytest.approx(sum(k.dur for k in norm), abs=1e-3)
-    assert rows["vendor"]["cause"] == "RMSNorm (torch/_ops.py:1244), _C::fused_add_rms_norm"
+    assert rows["vendor"]["cause"] == "RMSNorm (vllm/_custom_ops.py:334), _C::fused_add_rms_norm"
     quantized = {r["kernel"] for r in report.fused.table().records() if r["kind"] == "quantize"}
     assert quantized == {
         "vllm::scaled_fp8_quant_kernel_strided",
@@ -476,8 +477,10 @@ def test_a_live_training_step_folds_the_optimizers_scalar_casts_and_ties_its_bac
 
     report = casts.report(profile_fn(step, with_stack=True).tree(python=True))
     scalar = [c for c in report if c.scalar]
-    adam = [c for c in report if c.cause.startswith("_single_tensor_adam (torch/optim/adam.py:")]
-    assert adam and all(c.scalar and c.bytes_written <= 8 and not c.backward for c in adam)
+    # Adam's casts are torch's frames' (torch/optim/adam.py): named by the line that stepped.
+    stepped = [c for c in report if c.cause.startswith("step (") and "test_casts.py:" in c.cause]
+    adam = [c for c in stepped if c.scalar]
+    assert adam and all(c.bytes_written <= 8 and not c.backward for c in adam)
     assert len(adam) > len(report) / 2, Counter(c.cause for c in report)
     norm = [c for c in report if c.module == "Norm"]
     assert {(c.pass_, c.source, c.target) for c in norm} >= {

@@ -7,7 +7,8 @@ is reported once, at the top of its chain.
 
 Its cause is what the trace knows of who asked for it. With the Python stack in the trace
 (``with_stack=True``, a tree built with ``python=True``): the innermost ``nn.Module`` and the
-innermost Python frame, as ``file:line`` (the line the profiler records, where the function
+innermost Python frame outside torch (torch's own frames, such as ``__torch_function__`` of
+``torch/utils/_device.py``, are how it ran the reader's line), as ``file:line`` (the line the profiler records, where the function
 starts), and the enclosing op if there is one; without it, the enclosing op: the nearest
 ancestor that is not a cast, a Python frame, a launch or a ``ProfilerStep#N`` range. A cast of
 the backward pass inside ``ToCopyBackward0`` is the gradient of a forward cast: the autograd
@@ -897,13 +898,24 @@ class _Context(NamedTuple):
     cast_op: np.ndarray
 
 
+_TORCH_FILE = re.compile(r"(?:^|[/\\])torch[/\\]")
+
+
+def _readers_frame(name: str) -> bool:
+    """Whether an event is a Python frame outside torch: a frame inside torch
+    (``torch/utils/_device.py(99): __torch_function__``, ``torch/nn/modules/module.py``'s
+    ``_call_impl``) is how torch ran the reader's line, not the line."""
+    place = frame_place(name)
+    return place is not None and not _TORCH_FILE.search(place[0])
+
+
 def _contexts(tree: Tree, ids: np.ndarray) -> _Context:
     python = tree.in_category(PYTHON.__eq__)
     cast_op = tree.named(CAST_OPS.__contains__)
     not_work = tree.in_category(lambda c: c in RUNTIME_CATEGORIES or c.startswith("gpu_"))
     causing = ~(cast_op | python | _steps(tree) | not_work)
     module = python & tree.named(lambda n: n.startswith(MODULE_MARK))
-    frame = python & tree.named(lambda n: frame_place(n) is not None)
+    frame = python & tree.named(_readers_frame)
     grad = tree.named(lambda n: n.startswith(BACKWARD_MARK))
     found = _Context(*tree.nearest(ids, causing, module, frame, grad, cast_op))
     # What lies above the Python code (a range such as a step's) or above the backward node
