@@ -398,7 +398,7 @@ def _graph(args: argparse.Namespace) -> str:
             while err.__cause__ is not None or err.__context__ is not None:
                 err = err.__cause__ or err.__context__  # Dynamo wraps the first error
             raise MPGuideError(f"tracing {args.function} raised {_reader_error(err)}") from None
-    which = list(captured.graphs())
+    which = list(captured.graphs()) if args.backward else ["forward"]
     if args.format == "json":
         doc = {
             "function": args.function,
@@ -424,7 +424,10 @@ def _graph(args: argparse.Namespace) -> str:
                 part for line in code.splitlines() for part in terminal.code_line(line, width)
             )
             parts.append("\n".join(terminal.wrap(f"# {header}", width, "#   ")) + f"\n{code}")
-        parts.append(_shown(captured.flow(w), fmt))
+        flow = captured.flow(w)
+        parts.append(
+            _shown(flow, fmt) if flow.rows else f"no node changes the dtype: {flow.caption}"
+        )
     return "\n\n".join(parts)
 
 

@@ -42,6 +42,14 @@ def make_bert():
 
 def logits(ids):
     return qwen(ids).logits
+
+
+def doubled(x):
+    return x * 2
+
+
+def clipped(x):
+    return torch.where(x >= 0, x, 0.0)
 """
 
 
@@ -126,3 +134,35 @@ def test_model_shows_the_columns_that_matter_and_the_rest_on_request(models, mpg
     assert "autocast casts" in every.stdout or "left out to fit" in every.stdout
     bad = mpguide_main("model", "models.py:make_qwen", "--columns", "speed", cwd=models)
     assert bad.returncode == 2 and "no column 'speed'" in bad.stderr
+
+
+def test_graph_shows_what_was_asked_and_names_each_change(models, mpguide_main):
+    """The Qwen2 parameters require grad, yet without --backward no backward graph is shown;
+    the embedding's integer indices are no dtype change; a comparison is not a promotion."""
+    import json
+
+    proc = mpguide_main("graph", "models.py:logits", "--inputs", "i64[2,16]", cwd=models)
+    assert "# aot_eager, forward" in proc.stdout and "backward" not in proc.stdout
+    doc = json.loads(
+        mpguide_main(
+            "graph", "models.py:logits", "--inputs", "i64[2,16]", "--format", "json", cwd=models
+        ).stdout
+    )
+    assert list(doc["graphs"]) == ["forward"]
+    flow = doc["graphs"]["forward"]["flow"]
+    assert [(r["op"], r["change"]) for r in flow] == [("aten._to_copy", "conversion")]
+    both = mpguide_main(
+        "graph", "models.py:logits", "--inputs", "i64[2,16]", "--backward", cwd=models
+    )
+    assert "# aot_eager, backward" in both.stdout
+    assert "embedding_dense_backward" not in both.stdout.split("dtype changes in the backward")[1]
+    ge = json.loads(
+        mpguide_main(
+            "graph", "models.py:clipped", "--inputs", "f32[8]", "--format", "json", cwd=models
+        ).stdout
+    )["graphs"]["forward"]["flow"]
+    assert [(r["op"], r["change"], r["out"]) for r in ge] == [
+        ("aten.ge.Scalar", "comparison", "b8")
+    ]
+    same = mpguide_main("graph", "models.py:doubled", "--inputs", "f32[8]", cwd=models)
+    assert same.stdout.rstrip().splitlines()[-1].startswith("no node changes the dtype: ")
