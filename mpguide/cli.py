@@ -348,6 +348,8 @@ def _model(args: argparse.Namespace) -> str:
     elif columns not in (None, "all"):
         columns = [c.strip() for c in columns.split(",") if c.strip()]
     table = report.table(limit=args.limit or None, columns=columns, nested=args.format == "text")
+    if args.format == "json":
+        return per_module.json_document(report, table)
     if args.format == "csv":
         for note in (table.caption, *table.notes):
             print(f"mpguide: note: {note}", file=sys.stderr)
@@ -633,8 +635,8 @@ def parser() -> argparse.ArgumentParser:
         "machine has, its error against a float64 copy of the model on the same inputs, with "
         "the infinities and NaNs it returned, the values it flushed to zero and the reference "
         "values beyond the format's range. The first module with a non-finite output and the "
-        "first where the error jumps are named. Another device is simulated: dtypes and casts "
-        "only.",
+        "one whose error grows most from input to output are named. Another device is "
+        "simulated: dtypes and casts only.",
     )
     s.add_argument(
         "spec",

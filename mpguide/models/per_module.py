@@ -20,9 +20,11 @@ node (autograd's sequence numbers say which). For every call of every module, in
 
 :attr:`Report.first_nonfinite` is where a non-finite value first appears: the first module
 call to finish with an infinity or NaN where the reference has none, from a finite first
-input; :attr:`Report.first_jump` the first whose output error is
-:data:`JUMP` times its input error or more (an error below the format's unit roundoff counts
-as the unit roundoff). Modules run in eval mode, so dropout is off and both runs see the same
+input; :attr:`Report.largest_jump` the call whose output error grew most over its input error,
+when it grew :data:`JUMP` times or more (an error below the format's unit roundoff counts as
+the unit roundoff). "To zero" counts the values the format flushed: zero where the reference
+is not, and smaller than the format's smallest normal number (a value that only rounding or
+cancellation made zero, a ReLU's sign flip, is error, not a flush). Modules run in eval mode, so dropout is off and both runs see the same
 function. On a simulated device (:func:`mpguide.autocast.device.target`) no kernel runs: the report has
 dtypes, ops and casts only, and says so.
 """
@@ -30,6 +32,8 @@ dtypes, ops and casts only, and says so.
 from __future__ import annotations
 
 import copy
+import json
+import math
 import weakref
 from bisect import bisect_right
 from collections import Counter
@@ -349,8 +353,8 @@ def _flat(low: list[torch.Tensor], ref: list[torch.Tensor]):
 class _Compare:
     """The reference run's hooks: each call's input and output against the kept values."""
 
-    def __init__(self, kept: _Outputs, largest: float):
-        self.kept, self.largest = kept, largest
+    def __init__(self, kept: _Outputs, largest: float, tiny: float):
+        self.kept, self.largest, self.tiny = kept, largest, tiny
         self.numbers: dict[Key, _Numbers] = {}
 
     def on_input(self, seen: _Seen, value: Any) -> None:
@@ -371,7 +375,7 @@ class _Compare:
         n.error = numerics.errors(a, r)
         n.inf = int((torch.isinf(a) & finite).sum())
         n.nan = int((torch.isnan(a) & finite).sum())
-        n.to_zero = int(((a == 0) & (r != 0)).sum())
+        n.to_zero = int(((a == 0) & (r != 0) & (r.abs() < self.tiny)).sum())
         n.beyond_range = int((finite & (r.abs() > self.largest)).sum())
 
 
@@ -419,17 +423,24 @@ class Report:
         infinity or NaN where the reference has none, its first floating input finite."""
         return next((c for c in self._finished() if c.nonfinite and not c.input_nonfinite), None)
 
-    @property
-    def first_jump(self) -> ModuleCall | None:
-        """The first module call to finish whose output error is :data:`JUMP` times its
-        input error or more, each error at least the format's unit roundoff."""
+    def growth(self, call: ModuleCall) -> float | None:
+        """How many times its input's error a call's output error is, each at least the
+        format's unit roundoff; None where either is unknown or the output is not finite."""
+        if call.error is None or call.input_error is None or call.nonfinite:
+            return None
         floor = torch.finfo(self.low).eps / 2
-        for c in self._finished():
-            if c.error is None or c.input_error is None or c.nonfinite:
-                continue
-            if c.error.max_rel >= JUMP * max(c.input_error.max_rel, floor):
-                return c
-        return None
+        return max(call.error.max_rel, floor) / max(call.input_error.max_rel, floor)
+
+    @property
+    def largest_jump(self) -> ModuleCall | None:
+        """The module call whose error grew most from its input to its output, when it grew
+        :data:`JUMP` times or more. A module that holds it grows as much: of the calls within
+        half the largest growth, the first to finish (the innermost) is named."""
+        grown = [(g, c) for c in self._finished() if (g := self.growth(c)) is not None]
+        top = max((g for g, _ in grown), default=0.0)
+        if top < JUMP:
+            return None
+        return next(c for g, c in grown if g >= top / 2)
 
     @property
     def run(self) -> str:
@@ -447,8 +458,8 @@ class Report:
         )
 
     def findings(self) -> list[str]:
-        """Sentences on what the report found: the first non-finite value, the first jump in
-        error, where the reference itself ran narrower than float64."""
+        """Sentences on what the report found: the first non-finite value, the largest growth
+        in error, where the reference itself ran narrower than float64."""
         if self.simulated:
             return [f"simulated ({self.how}): dtypes, ops and casts only, no errors"]
         out = []
@@ -460,11 +471,12 @@ class Report:
             )
         else:
             out.append("no module returned inf or NaN where the float64 reference is finite")
-        jump = self.first_jump
+        jump = self.largest_jump
         if jump is not None:
             out.append(
-                f"first jump in error: {jump.label} ({jump.kind}): max |error| / mean |ref| "
-                f"{jump.input_error.max_rel:.3g} in, {jump.error.max_rel:.3g} out"
+                f"largest growth in error: {jump.label} ({jump.kind}), {self.growth(jump):.3g} "
+                f"times: max |error| / mean |ref| {jump.input_error.max_rel:.3g} in, "
+                f"{jump.error.max_rel:.3g} out"
             )
         else:
             out.append(f"no module's error grew {JUMP:g} times or more from input to output")
@@ -535,6 +547,46 @@ class Report:
 
     def _repr_html_(self) -> str:
         return self.table().to_html()
+
+
+def _finding(report: Report, call: ModuleCall | None) -> dict | None:
+    if call is None:
+        return None
+    return {
+        "module": call.name,
+        "call": call.index,
+        "type": call.kind,
+        "inf": call.inf,
+        "nan": call.nan,
+        "in err": _json_number(_err(call.input_error)),
+        "out err": _json_number(_err(call.error)),
+        "growth": _json_number(report.growth(call)),
+    }
+
+
+def _json_number(x: float | None) -> float | str | None:
+    """A number as JSON holds it: an infinity or NaN by name (``"inf"``), null for unknown."""
+    return x if x is None or math.isfinite(x) else str(x)
+
+
+def json_document(report: Report, table: Table) -> str:
+    """The report as one JSON document: the table's caption, notes and rows, where an
+    infinite or NaN error is the string ``"inf"`` or ``"nan"`` (null is unknown), and the
+    findings as fields: ``first_nonfinite`` and ``largest_jump`` (null when none) and
+    ``simulated``."""
+    doc = json.loads(table.to_json())
+    calls = {c.label: c for c in report.calls}
+    for row in doc["rows"]:
+        call = calls.get(row.get("module"))
+        for key, stats in (("in err", "input_error"), ("out err", "error")):
+            if call is not None and key in row:
+                row[key] = _json_number(_err(getattr(call, stats)))
+    doc |= {
+        "simulated": report.simulated,
+        "first_nonfinite": _finding(report, report.first_nonfinite),
+        "largest_jump": _finding(report, report.largest_jump),
+    }
+    return json.dumps(doc, indent=2, allow_nan=False)
 
 
 def differences(a: Report, b: Report) -> Table:
@@ -626,7 +678,7 @@ def _legend(r: Report, columns: list[str]) -> str:
     if said & {"inf", "nan"}:
         parts.append("inf, nan: returned where the reference is finite")
     if "to zero" in said:
-        parts.append("to zero: zero where the reference is not")
+        parts.append("to zero: flushed, zero where the reference is below the smallest normal")
     if BEYOND in said:
         parts.append(f"{BEYOND}: reference values beyond the largest finite {dtypes.name(r.low)}")
     if set(r.columns()) - said:
@@ -703,7 +755,8 @@ def report(
     if kept is not None:
         reference = copy.deepcopy(model).to(device=target.device, dtype=torch.float64)
         a, k = _device.move(_cast_floats((args, kwargs), torch.float64), target)
-        compare = _Compare(kept, torch.finfo(autocast or dtype).max)
+        low = torch.finfo(autocast or dtype)
+        compare = _Compare(kept, low.max, low.tiny)
         try:
             ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
         except Exception as err:
