@@ -230,3 +230,17 @@ def test_json_gives_the_findings_fields_and_keeps_its_keys(folder, qwen, run):
     assert (bad["module"], bad["type"], bad["out err"]) == ("1", "Scale", "inf")
     rows = {r["module"]: r for r in doc["rows"]}
     assert rows["1"]["out err"] == "inf" and rows["1"]["inf"] > 0  # not null, which is unknown
+
+
+@pytest.mark.parametrize("dev", ["mps", "xpu"])
+def test_an_op_the_simulation_cannot_run_is_named_in_one_line(qwen, dev, run):
+    proc = run(qwen, "qwen.py:make", "--device", dev)
+    if proc.returncode == 0:  # a build whose dispatch stubs have this device runs it
+        assert device.SIMULATED in proc.stdout
+        return
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert (
+        f"the simulated {dev} cannot run an op this model calls at sdpa_attention.py:"
+        in proc.stderr
+    )
+    assert "scaled_dot_product_attention" in proc.stderr and "not the model's error" in proc.stderr

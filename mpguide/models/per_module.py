@@ -34,12 +34,15 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
+import traceback
 import weakref
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -729,7 +732,7 @@ def report(
     }
 
     kept = None if target.simulated else _Outputs()
-    with _device.tensors(target, [low_model]):
+    with _device.tensors(target, [low_model]), _simulation_limits(target):
         a, k = _device.move(low_inputs, target)
         run, ran_backward = _run(
             low_model,
@@ -784,6 +787,40 @@ def report(
         narrowed,
         tuple(notes),
     )
+
+
+@contextmanager
+def _simulation_limits(target: _device.Target) -> Iterator[None]:
+    """An op that this torch build cannot run on a simulated device fails inside torch with
+    an INTERNAL ASSERT (a kernel stub with no entry for the device, as
+    ``scaled_dot_product_attention`` picks its kernel): said in one line, naming the line of
+    the model that called it, as a limit of the simulation, not an error of the model."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not (target.simulated and "INTERNAL ASSERT" in str(err)):
+            raise
+        dev = target.device.type
+        raise MPGuideError(
+            f"the simulated {dev} cannot run an op this model calls at {_caller(err)}: torch "
+            f"{torch.__version__} picks its kernel through a dispatch stub that has no {dev} "
+            f"entry in this build (an INTERNAL ASSERT inside torch, not the model's error); a "
+            f"build with {dev}, or --device cpu or cuda, runs it"
+        ) from None
+
+
+def _caller(err: BaseException) -> str:
+    """``file.py:LINE (code)`` of the innermost frame of ``err``'s traceback outside torch
+    and mpguide: the model's line that called into torch."""
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if not re.search(r"[/\\](torch|mpguide)[/\\]", f.filename)
+    ]
+    if not frames:
+        return "an unknown line"
+    f = frames[-1]
+    return f"{Path(f.filename).name}:{f.lineno} ({(f.line or '').strip()})"
 
 
 def _module_call(
