@@ -6,6 +6,7 @@ import pytest
 
 from mpguide.autocast import device
 from mpguide.cli import main
+from mpguide.models import per_module
 
 FACTORIES = """
 import sys
@@ -244,3 +245,14 @@ def test_an_op_the_simulation_cannot_run_is_named_in_one_line(qwen, dev, run):
         in proc.stderr
     )
     assert "scaled_dot_product_attention" in proc.stderr and "not the model's error" in proc.stderr
+
+
+def test_a_simulated_transformers_model_says_it_takes_another_path(qwen, run):
+    live, sim = (
+        json.loads(run(qwen, "qwen.py:make", *extra, "--format", "json").stdout)
+        for extra in ((), ("--device", "cpu", "--simulate"))
+    )
+    ops = [{r["module"]: r["ops"] for r in doc["rows"]}["model"] for doc in (live, sim)]
+    assert ops[0] < ops[1]  # the explicit mask's ops, in Qwen2Model's own code
+    assert per_module.TRANSFORMERS_PATH in sim["notes"]
+    assert per_module.TRANSFORMERS_PATH not in live["notes"]

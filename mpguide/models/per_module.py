@@ -63,6 +63,15 @@ BEYOND = "|ref| > max"
 JUMP = 10.0
 """How many times its input's error a module's output error must be to count as a jump."""
 
+TRANSFORMERS_PATH = (
+    "a simulated transformers model takes another path than a live one: transformers counts "
+    "fake tensors as tracing (is_tracing in transformers.utils.import_utils, through "
+    "is_fake_tensor), so its mask code (masking_utils' find_packed_sequence_indices and "
+    "_ignore_causal_mask_sdpa), which cannot read their values, builds an explicit attention "
+    "mask where a live run leaves it to sdpa's is_causal: more ops there, and a mask input to "
+    "attention"
+)
+"""Why a simulated transformers model runs ops a live run does not."""
 Key = tuple[str, int]
 """A module call: the module's qualified name and which of its calls (0 for the first)."""
 
@@ -750,6 +759,8 @@ def report(
         if autocast is not None:
             plain, _ = _run(low_model, a, k, target, None, backward)
     notes = []
+    if target.simulated and type(model).__module__.startswith("transformers."):
+        notes.append(TRANSFORMERS_PATH)
     if backward and not ran_backward:
         notes.append("no backward pass: nothing the output depends on requires grad")
 
