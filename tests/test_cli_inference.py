@@ -128,3 +128,4 @@ def test_as_a_process(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("variant,logits,max error")
     assert "fp16 weights" in proc.stdout
+    assert "profiler_start" not in proc.stderr  # the profiler's own lines stay off stderr
