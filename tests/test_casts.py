@@ -492,3 +492,21 @@ def test_a_live_training_step_folds_the_optimizers_scalar_casts_and_ties_its_bac
         assert by_id[c.forward_id].module == "Norm" and not by_id[c.forward_id].backward
     last = report.summary("module", scalars=False).records()[-1]
     assert (last["module"], last["casts"]) == (casts.FOLDED, len(scalar))
+
+
+def test_a_cast_is_not_blamed_on_a_module_that_ended_before_it():
+    """Python events that overlap: the cast starts inside Early's event and ends after it, so
+    nesting puts it under Early; Early does not hold it in time, and the report says so."""
+
+    def report_with(early_dur):
+        events = [
+            op("nn.Module: Early_0", BASE, early_dur, cat="python_function"),
+            *to_chain(BASE + 8, [64], "float", "c10::BFloat16", "15"),
+        ]
+        doc = json.dumps({"traceEvents": events}).encode()
+        return casts.report(trace.parse(doc).tree(python=True))
+
+    ended, held = report_with(10.0), report_with(30.0)
+    assert [c.module for c in ended] == [None] and [c.module for c in held] == ["Early"]
+    assert any("Python events overlap: 1 casts nest under a module" in n for n in ended.notes)
+    assert not any("overlap" in n for n in held.notes)

@@ -909,7 +909,7 @@ def _readers_frame(name: str) -> bool:
     return place is not None and not _TORCH_FILE.search(place[0])
 
 
-def _contexts(tree: Tree, ids: np.ndarray) -> _Context:
+def _contexts(tree: Tree, ids: np.ndarray) -> tuple[_Context, int]:
     python = tree.in_category(PYTHON.__eq__)
     cast_op = tree.named(CAST_OPS.__contains__)
     not_work = tree.in_category(lambda c: c in RUNTIME_CATEGORIES or c.startswith("gpu_"))
@@ -924,7 +924,18 @@ def _contexts(tree: Tree, ids: np.ndarray) -> _Context:
     found.op[depth[found.op] < np.maximum(depth[found.module], depth[found.frame])] = -1
     for above in (found.module, found.frame):
         above[depth[above] < depth[found.grad]] = -1
-    return found
+    # Where the trace's Python events overlap, nesting can put a cast under a module or
+    # frame that had ended before it began: only one that holds the cast in time is a cause.
+    # GPU kernels run after their launch, out of the CPU events' time: only the CPU's are held.
+    ts, end = tree.trace.ts, tree.trace.ts + tree.dur_us
+    cpu = ~tree.gpu_work[ids]
+    ended = np.zeros(len(ids), bool)
+    for above in (found.module, found.frame):
+        at = np.maximum(above, 0)
+        held = ~cpu | ((ts[at] <= ts[ids]) & (end[ids] <= end[at]))
+        ended |= (above >= 0) & ~held
+        above[~held] = -1
+    return found, int(ended.sum())
 
 
 def _label(op: str | None, module: str | None, frame: str | None) -> tuple[str, str | None]:
@@ -1029,7 +1040,7 @@ def report(tree: Tree) -> CastReport:
     ids, pair, shape, sequence = ids[kept], pair[kept], shape[kept], sequence[kept]
     fused_ids, fused_kinds = _fused(tree)
     n = len(ids)
-    ctx = _contexts(tree, np.concatenate((ids, fused_ids)))
+    ctx, ended = _contexts(tree, np.concatenate((ids, fused_ids)))
     cause_ids = np.where(ctx.op >= 0, ctx.op, np.where(ctx.module >= 0, ctx.module, ctx.frame))
     forward = _tie_backward(tree, ids, sequence, pair, pairs, _Context(*(c[:n] for c in ctx)))
     tied = np.flatnonzero(forward >= 0)
@@ -1089,13 +1100,18 @@ def report(tree: Tree) -> CastReport:
         source=tree.trace.source,
         gpu=bool(tree.gpu_work.any()),
         untyped=untyped,
-        notes=tuple(_lacks(tree, n, untyped)),
+        notes=tuple(_lacks(tree, n, untyped, ended)),
     )
 
 
-def _lacks(tree: Tree, n: int, untyped: int) -> list[str]:
-    """What the trace lacked that the report would have used."""
+def _lacks(tree: Tree, n: int, untyped: int, ended: int) -> list[str]:
+    """What the trace lacked that the report would have used, and what it got wrong."""
     notes = []
+    if ended:
+        notes.append(
+            f"the trace's Python events overlap: {ended:,} casts nest under a module or line "
+            "whose event had ended before they began, and are blamed on what holds them in time"
+        )
     if untyped:
         notes.append(
             f"{untyped} copy chains name no dtypes (recorded without record_shapes): they may "
