@@ -89,8 +89,14 @@ def test_names_are_shortened_from_the_middle():
 
 @pytest.mark.parametrize(
     "args",
-    [("policy",), ("policy", "--device", "all"), ("formats",), ("tree", DATA / "ranks")],
-    ids=["policy", "policy-all", "formats", "tree-ranks"],
+    [
+        ("policy",),
+        ("policy", "--device", "all"),
+        ("formats",),
+        ("tree", DATA / "ranks"),
+        ("casts", DATA / "ranks"),
+    ],
+    ids=["policy", "policy-all", "formats", "tree-ranks", "casts-ranks"],
 )
 def test_tables_of_this_build_fit(args, mpguide_main):
     _fits(mpguide_main(*args))
