@@ -209,6 +209,15 @@ def test_a_local_cluster_of_two_workers_gives_what_the_pool_gives(cluster, capsy
     assert err.startswith("mpguide: error: ") and "rank1.json: not a chrome trace" in err
 
 
+def test_a_relative_directory_reaches_the_workers(cluster, monkeypatch):
+    """The workers have their own working directory: the paths sent are absolute, and the
+    rows name the files as the reader gave them."""
+    monkeypatch.chdir(RANKS.parent)
+    on_cluster = ranks.casts_of_ranks(RANKS.name, scheduler=cluster.scheduler_address)
+    assert on_cluster.rows == ranks.casts_of_ranks(RANKS.name, jobs=1).rows
+    assert all(not Path(r.file).is_absolute() for r in on_cluster.rows)
+
+
 def test_a_worker_that_dies_names_its_trace(cluster):
     path = str(RANKS / "sampled_rank-0.json.gz")
     with pytest.raises(MPGuideError, match="the Dask workers reading it died"):
