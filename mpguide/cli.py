@@ -20,7 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 from mpguide import MPGuideError, __version__, error_line
-from mpguide.core.table import FORMATS, escape_controls
+from mpguide.core import terminal
+from mpguide.core.table import ALIASES, FORMATS, escape_controls
 
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
 
@@ -54,19 +55,40 @@ class _Parser(argparse.ArgumentParser):
         raise MPGuideError(message)
 
 
+def _format_name(value: str) -> str:
+    return ALIASES.get(value, value)
+
+
+def _add_format(s: argparse.ArgumentParser, choices=FORMATS, says: str = "") -> None:
+    """``--format``, text by default; ``table`` is another name for text."""
+    s.add_argument(
+        "--format",
+        default="text",
+        type=_format_name,
+        choices=choices,
+        help=f"{', '.join(choices)} (default text, which fits the terminal: COLUMNS, else its "
+        f"width, else {terminal.DEFAULT}; table is another name for text){says}",
+    )
+
+
+def _shown(table, fmt: str) -> str:
+    """``table`` in ``fmt``; as text, fitting the terminal."""
+    return table.render(fmt, terminal.width())
+
+
 def _policy(args: argparse.Namespace) -> str:
     from mpguide.autocast import device, policy
 
     if args.device == "all":
-        return policy.across(args.dtype, simulate=args.simulate).table().render(args.format)
+        return _shown(policy.across(args.dtype, simulate=args.simulate).table(), args.format)
     target = device.target(args.device, simulate=args.simulate)
-    return policy.probe(target, args.dtype).table().render(args.format)
+    return _shown(policy.probe(target, args.dtype).table(), args.format)
 
 
 def _formats(args: argparse.Namespace) -> str:
     from mpguide.precision import formats
 
-    return formats.table().render(args.format)
+    return _shown(formats.table(), args.format)
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
@@ -128,7 +150,7 @@ def _tree(args: argparse.Namespace) -> str | Iterator[str]:
         from mpguide.traces import ranks
 
         found = ranks.trees_of_ranks(args.trace, op=args.op, python=args.python, **_across(args))
-        return _ranks_out(found, "table" if args.format == "text" else args.format)
+        return _ranks_out(found, args.format)
     if args.depth is not None and args.depth < 0:
         raise MPGuideError(f"--depth must be 0 or more, got {args.depth}")
     if args.limit < 0:
@@ -227,7 +249,7 @@ def _ranks_out(found, fmt: str) -> str:
     if fmt == "csv":  # CSV has no place for them
         for skipped in found.skipped:
             print(f"mpguide: note: {escape_controls(skipped)}", file=sys.stderr)
-    return found.render(fmt)
+    return _shown(found, fmt)
 
 
 def _casts(args: argparse.Namespace) -> str:
@@ -244,10 +266,12 @@ def _casts(args: argparse.Namespace) -> str:
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
     table = casts.report(tree).table(args.by, scalars=args.scalars, limit=args.limit or None)
+    if args.format in ("text", "markdown"):
+        table = casts.readable(table)
     if args.format == "csv":  # CSV has no place for them
         for note in table.notes:
             print(f"mpguide: note: {note}", file=sys.stderr)
-    return table.render(args.format)
+    return _shown(table, args.format)
 
 
 VARIANTS = "fp32, bf16, fp16, autocast-bf16, autocast-fp16"
@@ -326,11 +350,13 @@ def _inference(args: argparse.Namespace) -> str:
     import torch
 
     from mpguide.autocast import device
-    from mpguide.models import inference
+    from mpguide.models import inference, per_module
 
     dev = device.resolve(args.device) if args.device else device.pick()
-    if args.variants is None:
-        variants = list(inference.standard(dev))
+    if args.variants is None:  # fp16 matmuls are slow on a CPU: named, not by default
+        variants = [
+            v for v in inference.standard(dev) if dev.type != "cpu" or v.weights != torch.float16
+        ]
     else:
         names = [n.strip() for n in args.variants.split(",") if n.strip()]
         if not names:
@@ -341,21 +367,15 @@ def _inference(args: argparse.Namespace) -> str:
             f"need --repeat >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}"
         )
     model, inputs = _factory(args.model)
-    tensors = [inputs] if isinstance(inputs, torch.Tensor) else inputs
-    if not (
-        isinstance(tensors, (tuple, list))
-        and tensors
-        and all(isinstance(t, torch.Tensor) for t in tensors)
-    ):
-        raise MPGuideError(
-            f"{args.model} must return inputs as a tensor or a tuple of tensors, "
-            f"got {type(inputs).__name__}"
-        )
+    try:
+        per_module.arguments(inputs)
+    except MPGuideError as err:
+        raise MPGuideError(f"{args.model}: {err}") from None
     with _readers_code(f"running the model of {args.model} on its inputs"):
         result = inference.compare(
             model, inputs, variants, dev, warmup=args.warmup, repeat=args.repeat
         )
-    return result.table().render(args.format)
+    return _shown(result.table(), args.format)
 
 
 def _model(args: argparse.Namespace) -> str:
@@ -379,11 +399,18 @@ def _model(args: argparse.Namespace) -> str:
             device=target,
             backward=args.backward,
         )
-    table = report.table(limit=args.limit or None)
+    columns = args.columns
+    if columns is None and args.format in ("json", "csv"):
+        columns = "all"  # for programs: every column, under keys that stay
+    elif columns not in (None, "all"):
+        columns = [c.strip() for c in columns.split(",") if c.strip()]
+    table = report.table(limit=args.limit or None, columns=columns, nested=args.format == "text")
+    if args.format == "json":
+        return per_module.json_document(report, table)
     if args.format == "csv":
         for note in (table.caption, *table.notes):
             print(f"mpguide: note: {note}", file=sys.stderr)
-    return table.render("table" if args.format == "text" else args.format)
+    return _shown(table, args.format)
 
 
 def _option(flag: str, value: str | None):
@@ -444,7 +471,7 @@ def _graph(args: argparse.Namespace) -> str:
         except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's function
             err = _first_error(err, fn, inputs, target, low)
             raise MPGuideError(f"tracing {args.function} raised {_reader_error(err)}") from None
-    which = list(captured.graphs())
+    which = list(captured.graphs()) if args.backward else ["forward"]
     if args.format == "json":
         doc = {
             "function": args.function,
@@ -457,7 +484,7 @@ def _graph(args: argparse.Namespace) -> str:
             },
         }
         return msgspec.json.encode(doc).decode()
-    fmt = "markdown" if args.format == "markdown" else "table"
+    fmt = args.format
     parts = []
     for w in which:
         code = captured.render(w)
@@ -465,8 +492,15 @@ def _graph(args: argparse.Namespace) -> str:
         if fmt == "markdown":
             parts.append(f"**{header}**\n\n```python\n{code}\n```")
         else:
-            parts.append(f"# {header}\n{code}")
-        parts.append(captured.flow(w).render(fmt))
+            width = terminal.width()
+            code = "\n".join(
+                part for line in code.splitlines() for part in terminal.code_line(line, width)
+            )
+            parts.append("\n".join(terminal.wrap(f"# {header}", width, "#   ")) + f"\n{code}")
+        flow = captured.flow(w)
+        parts.append(
+            _shown(flow, fmt) if flow.rows else f"no node changes the dtype: {flow.caption}"
+        )
     return "\n\n".join(parts)
 
 
@@ -483,6 +517,12 @@ def _rank_options(s: argparse.ArgumentParser) -> None:
         help="for a directory: read it on the workers of this Dask scheduler (tcp://HOST:PORT), "
         "which see the directory at the same path; needs pip install mpguide[cluster]",
     )
+
+
+def _casts_legend() -> str:
+    from mpguide.traces.casts import LEGEND
+
+    return LEGEND
 
 
 def parser() -> argparse.ArgumentParser:
@@ -510,7 +550,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="simulate the device even when this machine has it",
     )
-    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
+    _add_format(s)
     s.set_defaults(run=_policy)
 
     s = sub.add_parser(
@@ -519,7 +559,7 @@ def parser() -> argparse.ArgumentParser:
         description="Bits, range and precision of fp64, fp32, TF32, bf16, fp16 "
         "and the fp8 formats of the installed torch.",
     )
-    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
+    _add_format(s)
     s.set_defaults(run=_formats)
 
     s = sub.add_parser(
@@ -550,12 +590,11 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--python", action="store_true", help="include python_function events")
     s.add_argument("--gpu", action="store_true", help="show GPU kernels and memcpys")
-    s.add_argument(
-        "--format",
-        default="text",
-        choices=("text", "json"),
-        help="a text tree (default) or JSON: nested nodes with their fields, the counts of "
-        "nodes shown and in all, and the anomalies",
+    _add_format(
+        s,
+        ("text", "json"),
+        "; JSON: nested nodes with their fields, the counts of nodes shown and in all, and "
+        "the anomalies",
     )
     _rank_options(s)
     s.set_defaults(run=_tree)
@@ -567,10 +606,11 @@ def parser() -> argparse.ArgumentParser:
         "caused them (the module and source line when the trace has the Python stack, else "
         "the op), source and target dtype, bytes, CPU and GPU time; and apart, the casts fused "
         "into compiled or vendor kernels.",
+        epilog=_casts_legend(),
     )
     s.add_argument("trace", help=_TRACE_HELP)
     _add_max_bytes(s)
-    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
+    _add_format(s)
     s.add_argument(
         "--by",
         default="cause",
@@ -605,18 +645,21 @@ def parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         metavar="SPEC",
-        help=f"{SPEC}: a function returning (model, inputs); importing it runs its top-level code",
+        help=f"{SPEC}: a function returning (model, inputs), the inputs a tensor, a tuple of "
+        "arguments or a dict of keyword arguments (a transformers model's); the model returns "
+        "logits, or an output with logits; importing it runs its top-level code",
     )
     s.add_argument(
         "--variants",
         metavar="NAMES",
-        help=f"comma-separated, from {VARIANTS}, each optionally with +compile (default: all "
-        "but autocast-fp16 on the CPU)",
+        help=f"comma-separated, from {VARIANTS}, each optionally with +compile (default: fp32, "
+        "bf16, autocast-bf16, and on CUDA fp16 and autocast-fp16 too; fp16 matmuls are slow on "
+        "most CPUs, so name fp16 to run it)",
     )
     s.add_argument("--device", help="cpu or cuda (default: cuda when present, else cpu)")
     s.add_argument("--warmup", type=int, default=3, help="calls before timing (default 3)")
     s.add_argument("--repeat", type=int, default=15, help="timed calls (default 15)")
-    s.add_argument("--format", default="table", choices=FORMATS, help="output format")
+    _add_format(s)
     s.set_defaults(run=_inference)
 
     s = sub.add_parser(
@@ -654,12 +697,7 @@ def parser() -> argparse.ArgumentParser:
         help="make the floating inputs require grad and show the backward graph too",
     )
     s.add_argument("--autocast", metavar="DTYPE", help="trace under the device's autocast")
-    s.add_argument(
-        "--format",
-        default="text",
-        choices=("text", "markdown", "json"),
-        help="text (default), markdown, or json with each graph's code and dtype changes",
-    )
+    _add_format(s, ("text", "markdown", "json"), "; json: each graph's code and dtype changes")
     s.set_defaults(run=_graph)
 
     s = sub.add_parser(
@@ -671,8 +709,8 @@ def parser() -> argparse.ArgumentParser:
         "machine has, its error against a float64 copy of the model on the same inputs, with "
         "the infinities and NaNs it returned, the values it flushed to zero and the reference "
         "values beyond the format's range. The first module with a non-finite output and the "
-        "first where the error jumps are named. Another device is simulated: dtypes and casts "
-        "only.",
+        "one whose error grows most from input to output are named. Another device is "
+        "simulated: dtypes and casts only.",
     )
     s.add_argument(
         "spec",
@@ -713,11 +751,14 @@ def parser() -> argparse.ArgumentParser:
         "are (default %(default)s; 0 for all)",
     )
     s.add_argument(
-        "--format",
-        default="text",
-        choices=("text", "markdown", "json", "csv"),
-        help="text (default), markdown, json, or csv (the notes then go to stderr)",
+        "--columns",
+        metavar="NAMES",
+        help="comma-separated columns, or all (default for text and markdown: module, type, "
+        "in, out, casts, bwd casts, out err, inf, nan, to zero; json and csv: all). The "
+        "others: params, ops, autocast casts, bwd ops, bwd autocast casts, in err, and "
+        "|ref| > max (reference values beyond the low-precision format's largest)",
     )
+    _add_format(s, says="; csv: the notes go to stderr")
     s.set_defaults(run=_model)
     return p
 

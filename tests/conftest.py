@@ -21,6 +21,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def terminal_of_100_columns(monkeypatch):
+    """Text output fits COLUMNS: every test sees the default width, whatever terminal ran
+    pytest (xdist's workers get the controller's COLUMNS)."""
+    monkeypatch.setenv("COLUMNS", "100")
+
+
 def mpguide_process(*args: str, cwd=None) -> subprocess.CompletedProcess:
     """Run ``python -m mpguide ARGS`` as a reader would, from ``cwd``, and capture its output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -87,7 +87,10 @@ def test_variant_names():
         (["inference", "--model", "reader_model:not_a_pair"], "must return (model, inputs)"),
         (["inference", "--model", "reader_model:raises"], "raised ValueError: the reader's bug"),
         (["inference", "--model", "reader_model:exits"], "raised SystemExit(3)"),
-        (["inference", "--model", "reader_model:text_inputs"], "a tensor or a tuple of tensors"),
+        (
+            ["inference", "--model", "reader_model:text_inputs"],
+            "inputs must be a tensor, a tuple or list",
+        ),
         (
             ["inference", "--model", "reader_model:wrong_shape", "--device", "cpu"],
             "running the model of reader_model:wrong_shape on its inputs raised RuntimeError",
@@ -125,3 +128,4 @@ def test_as_a_process(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("variant,logits,max error")
     assert "fp16 weights" in proc.stdout
+    assert "profiler_start" not in proc.stderr  # the profiler's own lines stay off stderr

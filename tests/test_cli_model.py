@@ -6,6 +6,7 @@ import pytest
 
 from mpguide.autocast import device
 from mpguide.cli import main
+from mpguide.models import per_module
 
 FACTORIES = """
 import sys
@@ -79,8 +80,8 @@ def test_text_names_every_module_call_and_the_findings(folder, run):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("Sequential module by module, autocast(")
-    assert device.LIVE in lines[0]
-    assert [ln.split()[0] for ln in lines[3:7]] == ["(root)", "0", "1", "2"]
+    assert device.LIVE in lines[1]  # the caption wraps to fit 100 columns
+    assert [ln.split()[0] for ln in lines[4:8]] == ["(root)", "0", "1", "2"]
     assert "no module returned inf or NaN where the float64 reference is finite" in proc.stdout
 
 
@@ -198,7 +199,11 @@ def test_model_runs_a_transformers_model_live_and_simulated(qwen, run):
     assert rows["model.norm"]["out"] == "f32" and rows["(root)"]["out err"] > 0
     sim = run(qwen, "qwen.py:make", "--device", "cuda", "--simulate", "--autocast", "fp16")
     assert sim.returncode == 0, sim.stderr
-    assert "model.layers.0.self_attn.o_proj" in sim.stdout and device.SIMULATED in sim.stdout
+    assert "        o_proj  " in sim.stdout and device.SIMULATED in sim.stdout  # nested by depth
+    sim = run(qwen, "qwen.py:make", "--device", "cuda", "--simulate", "--format", "json")
+    assert "model.layers.0.self_attn.o_proj" in {
+        r["module"] for r in json.loads(sim.stdout)["rows"]
+    }
 
 
 @pytest.mark.parametrize("dev", ["cpu", "cuda"])
@@ -212,3 +217,42 @@ def test_graph_traces_a_transformers_model_on_any_device(qwen, dev, run):
     assert doc["device"] == dev and doc["obtained"] == device.SIMULATED
     flow = doc["graphs"]["forward"]["flow"]
     assert any(r["in"] == "f32" and r["out"] == "bf16" and "q_proj" in r["user code"] for r in flow)
+
+
+def test_json_gives_the_findings_fields_and_keeps_its_keys(folder, qwen, run):
+    bf16 = json.loads(run(qwen, "qwen.py:make", "--format", "json").stdout)
+    fp16 = json.loads(run(qwen, "qwen.py:make", "--autocast", "fp16", "--format", "json").stdout)
+    assert bf16["rows"][0].keys() == fp16["rows"][0].keys()  # no key names the dtype
+    assert bf16["first_nonfinite"] is None and bf16["simulated"] is False
+    doc = json.loads(
+        run(folder, "factories.py:overflows", "--autocast", "fp16", "--format", "json").stdout
+    )
+    bad = doc["first_nonfinite"]
+    assert (bad["module"], bad["type"], bad["out err"]) == ("1", "Scale", "inf")
+    rows = {r["module"]: r for r in doc["rows"]}
+    assert rows["1"]["out err"] == "inf" and rows["1"]["inf"] > 0  # not null, which is unknown
+
+
+@pytest.mark.parametrize("dev", ["mps", "xpu"])
+def test_an_op_the_simulation_cannot_run_is_named_in_one_line(qwen, dev, run):
+    proc = run(qwen, "qwen.py:make", "--device", dev)
+    if proc.returncode == 0:  # a build whose dispatch stubs have this device runs it
+        assert device.SIMULATED in proc.stdout
+        return
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert (
+        f"the simulated {dev} cannot run an op this model calls at sdpa_attention.py:"
+        in proc.stderr
+    )
+    assert "scaled_dot_product_attention" in proc.stderr and "not the model's error" in proc.stderr
+
+
+def test_a_simulated_transformers_model_says_it_takes_another_path(qwen, run):
+    live, sim = (
+        json.loads(run(qwen, "qwen.py:make", *extra, "--format", "json").stdout)
+        for extra in ((), ("--device", "cpu", "--simulate"))
+    )
+    ops = [{r["module"]: r["ops"] for r in doc["rows"]}["model"] for doc in (live, sim)]
+    assert ops[0] < ops[1]  # the explicit mask's ops, in Qwen2Model's own code
+    assert per_module.TRANSFORMERS_PATH in sim["notes"]
+    assert per_module.TRANSFORMERS_PATH not in live["notes"]

@@ -169,4 +169,4 @@ def test_bad_calls_raise_one_line_errors(model, inputs):
 
 class ReturnsDict(nn.Module):
     def forward(self, x):
-        return {"logits": x}
+        return {"scores": x}  # an output with "logits" (a transformers model's) is read

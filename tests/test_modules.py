@@ -112,12 +112,13 @@ def test_values_flushed_to_zero_and_a_jump_in_error():
     assert report["1"].to_zero == x.numel() and report["0"].to_zero == 0
     # Scaling back up cannot recover the values: the error is the whole reference.
     assert report["2"].error.max_abs == pytest.approx(x.abs().max().item(), rel=1e-9)
-    assert report.first_jump is report["1"]
+    assert report.largest_jump is report["1"]
     cancel = per_module.report(nn.Sequential(Scale(1.0), Cancel()), x, dtype="float16")
-    assert cancel.first_jump is cancel["1"] and cancel["1"].to_zero == 0
+    assert cancel.largest_jump is cancel["1"] and cancel["1"].to_zero == 0
     assert cancel["1"].error.max_rel > per_module.JUMP * cancel["1"].input_error.max_rel
-    columns = report.table().columns
-    assert "autocast casts" not in columns and "|ref| > f16 max" in columns
+    columns = report.table(columns="all").columns
+    assert "autocast casts" not in columns and per_module.BEYOND in columns
+    assert set(report.table().columns) < set(columns)
 
 
 def test_backward_ops_and_casts_fall_in_the_module_that_ran_the_forward_op():
@@ -267,3 +268,17 @@ def test_a_transformers_model_live_and_simulated(qwen):
     sim = per_module.report(model, inputs, autocast="fp16", device="cuda", simulate=True)
     assert [c.key for c in sim.calls] == [c.key for c in live.calls]
     assert sim["model.layers.1.mlp.down_proj"].outputs == (torch.float16,)
+
+
+class Shift(nn.Module):
+    def forward(self, x):
+        return x - 1.0
+
+
+def test_only_values_the_format_flushed_count_as_to_zero():
+    """1 + 2**-10 is 1 in bf16: x - 1 and its ReLU are 0 where the reference is 2**-10, far
+    above bf16's smallest normal: rounding error, not a flush."""
+    x = torch.full((4, 8), 1 + 2**-10)
+    report = per_module.report(nn.Sequential(Shift(), nn.ReLU()), x, dtype="bfloat16")
+    assert report["0"].error.max_rel == 1.0 and report["1"].error.max_rel == 1.0
+    assert report["0"].to_zero == 0 and report["1"].to_zero == 0

@@ -142,14 +142,14 @@ differ
 # What we saw
 # -----------
 # Restated from the values computed above.
-first_jump = report.first_jump
+largest_jump = report.largest_jump
 print(f"- Every one of the {len(linears)} linear projections ran in bf16 with float32 weights "
       "that autocast cast on each call, and the backward pass cast back as many gradients.")
 print(f"- The {len(norms)} RMSNorm calls returned float32 with no cast from autocast: their "
       "inputs and weights are float32, and the float64 reference rounds to float32 there too.")
 print(f"- The logits' error was {report[''].error.max_rel:.3g} of their mean magnitude in bf16, "
-      f"{fp16[''].error.max_rel:.3g} in fp16; the first jump in error: "
-      f"{first_jump.label if first_jump else 'none'}.")
+      f"{fp16[''].error.max_rel:.3g} in fp16; the largest growth in error: "
+      f"{largest_jump.label if largest_jump else 'none'}.")
 print(f"- {len(differ.rows)} module calls differ between {device.label(dev.type, report.how)} "
       f"and {device.label(other_type, other.how)}, {len(attention)} of them attention modules.")
 

@@ -145,17 +145,20 @@ def _input_dtypes(node: torch.fx.Node) -> list[torch.dtype]:
 
 
 def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
-    """The nodes where the dtype changes, in graph order: conversions (``convert_element_type``,
-    ``_to_copy``, a ``copy`` into another dtype) and ops whose output dtype differs from one of
-    their tensor inputs, each with the user line that produced it."""
+    """The nodes where the dtype changes, in graph order, each with the user line that
+    produced it: conversions (``convert_element_type``, ``_to_copy``, a ``copy`` into another
+    dtype), promotions (a floating output wider than a floating input), comparisons (a bool
+    output), and floating values made from integers or integers from floating values.
+    Integer indices or masks beside values of the output's dtype (``embedding``, ``index``,
+    ``where``) are no change."""
     rows = []
     for node in gm.graph.nodes:
         out = _dtype(node)
         ins = _input_dtypes(node)
         if node.op != "call_function" or out is None or not ins:
             continue
-        if any(dt != out for dt in ins):
-            kind = _change(str(node.target))
+        kind = _change(str(node.target), ins, out)
+        if kind is not None:
             rows.append(
                 (
                     node.name,
@@ -169,8 +172,21 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
     return Table(("node", "op", "change", "in", "out", "user code"), tuple(rows), caption)
 
 
-def _change(op: str) -> str:
-    return "conversion" if op in dtypes.CONVERSIONS else "promotion"
+def _change(op: str, ins: list[torch.dtype], out: torch.dtype) -> str | None:
+    """How a node changes the dtype, or None where it does not: integer indices or masks
+    beside values of the output's dtype (``embedding``, ``index``) change nothing."""
+    if all(dt == out for dt in ins):
+        return None
+    if op in dtypes.CONVERSIONS:
+        return "conversion"
+    if out == torch.bool:
+        return "comparison"
+    floats = [dt for dt in ins if dt.is_floating_point]
+    if out.is_floating_point:
+        if not floats:
+            return "to floating"
+        return None if all(dt == out for dt in floats) else "promotion"
+    return "to integer" if floats else "integer promotion"
 
 
 _LIBRARY_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parents[1]))
@@ -186,7 +202,7 @@ def _user_frame() -> str:
 
 
 class _FlowLog(dtypes.Log):
-    """The calls whose output dtype differs from one of their tensor inputs, as flow rows."""
+    """The calls that change the dtype (see :func:`dtype_flow`), as flow rows."""
 
     def __init__(self):
         super().__init__()
@@ -200,13 +216,14 @@ class _FlowLog(dtypes.Log):
             )
         )
         outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
-        if ins and outs and any(dt != outs[0].dtype for dt in ins):
-            name = str(func)
+        name = str(func)
+        kind = _change(name, ins, outs[0].dtype) if ins and outs else None
+        if kind is not None:
             self.rows.append(
                 (
                     self.phase,
                     name.removesuffix(".default"),
-                    _change(name),
+                    kind,
                     " + ".join(dtypes.short(d) for d in ins),
                     dtypes.short(outs[0].dtype),
                     _user_frame() if self.phase == "forward" else "",

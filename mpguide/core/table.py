@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-FORMATS = ("table", "markdown", "json", "csv")
+from mpguide.core import terminal
+
+FORMATS = ("text", "markdown", "json", "csv")
+ALIASES = {"table": "text"}
+"""Other names of a format, kept so that older command lines still run."""
 
 _CONTROLS = re.compile(
     "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]"
@@ -142,18 +146,61 @@ class Table:
         rows = tuple(r for r in self.rows if all(r[i] == v for i, v in idx.items()))
         return Table(self.columns, rows, self.caption, self.notes)
 
-    def to_text(self) -> str:
+    def to_text(self, width: int | None = None) -> str:
+        """Aligned columns under a caption, the notes below. With ``width``, the table fits
+        it where it can: the widest text columns are shortened from the middle
+        (:func:`mpguide.core.terminal.abbreviate`), and the caption and notes are wrapped."""
         cells = [_safe(_short(_cells(column))) for column in zip(*self.rows, strict=True)] or [
             [] for _ in self.columns
         ]
         columns = _safe(list(self.columns))
         widths = [max([len(c), *map(len, col)]) for c, col in zip(columns, cells, strict=True)]
+        notes = _safe(list(self.notes))
+        caption = escape_controls(self.caption)
+        if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+            cells = [[_short_dtypes(c) for c in col] for col in cells]
+            columns = [_short_dtypes(c) for c in columns]
+            widths = [max([len(c), *map(len, col)]) for c, col in zip(columns, cells, strict=True)]
+            texts, widths_ = (
+                [t and w > 3 for t, w in zip(self._texts(), widths, strict=True)],
+                widths,
+            )
+            keep = [  # a column of text that says what the caption says, on every row
+                i
+                for i, col in enumerate(cells)
+                if not (texts[i] and len(set(col)) == 1 and len(col) > 1 and col[0] in caption)
+            ]
+            # The most columns that fit once their names are shortened, none below a width
+            # that still reads (a name cut to 12 characters is a last resort).
+            for shortest, fit in [(s, n) for s in READABLE for n in range(len(keep), 0, -1)]:
+                shown = keep[:fit]
+                widths = _fitted(
+                    [widths_[i] for i in shown], [texts[i] for i in shown], width, shortest
+                )
+                if sum(widths) + 2 * (fit - 1) <= width:
+                    break
+            cells = [_shortened(cells[i], w) for i, w in zip(shown, widths, strict=True)]
+            columns = [
+                terminal.abbreviate(columns[i], w) for i, w in zip(shown, widths, strict=True)
+            ]
+            if fit < len(keep):
+                left = [self.columns[i] for i in keep[fit:]]
+                notes.append(
+                    f"{len(left)} column{'s' if len(left) > 1 else ''} left out to fit "
+                    f"{width} characters: {', '.join(left)} (a wider COLUMNS, or --format "
+                    "markdown, json or csv, shows them)"
+                )
         row = "  ".join(f"{{:<{w}}}" for w in widths).format
-        out = [escape_controls(self.caption)] if self.caption else []
+        out = _wrapped([caption] if caption else [], width)
         out += [row(*columns).rstrip(), "  ".join("-" * w for w in widths)]
         out += [line.rstrip() for line in map(row, *cells)]
-        out += _safe(list(self.notes))
+        out += _wrapped(notes, width)
         return "\n".join(out)
+
+    def _texts(self) -> list[bool]:
+        """Per column, whether it holds names (text that may be shortened), not numbers."""
+        kinds = [set(map(type, col)) - {type(None)} for col in zip(*self.rows, strict=True)]
+        return [bool(k) and k <= {str} for k in kinds] or [False] * len(self.columns)
 
     def to_markdown(self) -> str:
         def esc(s: str) -> str:
@@ -197,10 +244,13 @@ class Table:
         writer.writerows([cell(v) for v in row] for row in self.rows)
         return buf.getvalue()
 
-    def render(self, fmt: str) -> str:
-        """Render as one of :data:`FORMATS`."""
+    def render(self, fmt: str, width: int | None = None) -> str:
+        """Render as one of :data:`FORMATS` (or an alias of one, :data:`ALIASES`); text fits
+        ``width`` where it can."""
+        fmt = ALIASES.get(fmt, fmt)
+        if fmt == "text":
+            return self.to_text(width)
         renderers = {
-            "table": self.to_text,
             "markdown": self.to_markdown,
             "json": self.to_json,
             "csv": self.to_csv,
@@ -214,6 +264,47 @@ class Table:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+
+READABLE = (16, 12)
+"""The fewest characters a shortened column keeps: columns are left out before names are cut
+below the first, and the second is the last resort."""
+
+
+def _fitted(widths: list[int], texts: list[bool], width: int, shortest: int) -> list[int]:
+    """Column widths that fit ``width`` with two spaces between columns: the widest text
+    columns are cut to one cap, none below ``shortest`` (so a table of many numeric columns
+    may still be wider)."""
+    room = width - 2 * (len(widths) - 1)
+    fixed = sum(w for w, t in zip(widths, texts, strict=True) if not t)
+    names = sorted((w for w, t in zip(widths, texts, strict=True) if t), reverse=True)
+    if fixed + sum(names) <= room or not names:
+        return widths
+    cap = max(names)
+    while cap > shortest and fixed + sum(min(w, cap) for w in names) > room:
+        cap -= 1
+    return [min(w, cap) if t else w for w, t in zip(widths, texts, strict=True)]
+
+
+_DTYPES = re.compile(r"\b(?:b?float|u?int)(?:8|16|32|64)\b")
+
+
+def _short_dtypes(text: str) -> str:
+    """Dtype names in the graphs' notation (``bfloat16`` -> ``bf16``), which text output
+    uses when the full names do not fit."""
+    if "float" not in text and "int" not in text:
+        return text
+    return _DTYPES.sub(lambda m: m[0].replace("float", "f").replace("int", "i"), text)
+
+
+def _shortened(cells: list[str], most: int) -> list[str]:
+    return [terminal.abbreviate(c, most) for c in cells]
+
+
+def _wrapped(lines: list[str], width: int | None) -> list[str]:
+    if width is None:
+        return lines
+    return [part for line in lines for part in terminal.wrap(line, width)]
 
 
 def from_records(records: Sequence[dict[str, Any]], caption: str = "", notes=()) -> Table:

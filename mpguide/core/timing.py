@@ -14,9 +14,12 @@ itself.
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -198,12 +201,37 @@ class Memory:
         return f"<p>{escape(repr(self))}</p>"
 
 
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 sent to /dev/null inside the block (what C++ code prints there)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def _cpu_peak(fn: Callable[[], Any]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     # acc_events: one cycle either way; without it 2.11 and 2.12 warn (versions.CHANGES)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, acc_events=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, acc_events=True)
+    with _quiet_stderr():  # the profiler's own start and stop lines are not the reader's
+        prof.__enter__()
+    try:
         fn()
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
     events = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()

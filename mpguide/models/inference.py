@@ -10,11 +10,13 @@ the peak memory of a forward pass and the latency (see :mod:`mpguide.core.timing
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError
 from mpguide.autocast import device as _device
@@ -36,18 +38,22 @@ class Variant:
         prepared = copy.deepcopy(model).to(device=dev, dtype=self.weights).eval()
         return torch.compile(prepared) if self.compile else prepared
 
-    def __call__(
-        self, prepared: nn.Module, inputs: Sequence[torch.Tensor], dev: torch.device
-    ) -> torch.Tensor:
-        """Run ``prepared`` on ``inputs`` (floating ones cast to :attr:`weights`)."""
-        args = [x.to(self.weights) if x.is_floating_point() else x for x in inputs]
+    def __call__(self, prepared: nn.Module, inputs: Any, dev: torch.device) -> Any:
+        """Run ``prepared`` on ``inputs``, ``(args, kwargs)`` (floating tensors cast to
+        :attr:`weights`)."""
+        args, kwargs = tree_map(
+            lambda x: (
+                x.to(self.weights) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+            ),
+            inputs,
+        )
         with (
             torch.inference_mode(),
             torch.autocast(
                 dev.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
             ),
         ):
-            return prepared(*args)
+            return prepared(*args, **kwargs)
 
     def compiled(self) -> Variant:
         """The same variant under :func:`torch.compile`."""
@@ -190,8 +196,12 @@ class Comparison:
         return self.table().to_html()
 
 
-def _logits(out: torch.Tensor | tuple) -> torch.Tensor:
-    if isinstance(out, (tuple, list)):
+def _logits(out: Any) -> torch.Tensor:
+    """The logits in what a model returned: a tensor, the first of a tuple, or the
+    ``logits`` of a mapping (a transformers model's output)."""
+    if isinstance(out, Mapping) and "logits" in out:
+        out = out["logits"]
+    elif isinstance(out, (tuple, list)):
         out = out[0]
     if not isinstance(out, torch.Tensor):
         raise MPGuideError(f"the model returned {type(out).__name__}, not a tensor of logits")
@@ -200,7 +210,7 @@ def _logits(out: torch.Tensor | tuple) -> torch.Tensor:
 
 def compare(
     model: nn.Module,
-    inputs: torch.Tensor | Sequence[torch.Tensor],
+    inputs: Any,
     variants: Sequence[Variant] | None = None,
     dev: torch.device | str | None = None,
     *,
@@ -209,9 +219,11 @@ def compare(
 ) -> Comparison:
     """Run ``inputs`` through every variant of ``model`` and measure each against fp32.
 
-    ``model`` returns logits whose last dimension is the class; the first dimension of the
-    first input counts the items of a forward pass (for throughput). Latencies are taken in
-    interleaved rounds, so background load hits every variant alike.
+    ``inputs`` are a tensor, a tuple or list of arguments, or a dict of keyword arguments
+    (what a transformers model takes). ``model`` returns logits whose last dimension is the
+    class (or an output with ``logits``); the first dimension of the first input tensor counts
+    the items of a forward pass (for throughput). Latencies are taken in interleaved rounds,
+    so background load hits every variant alike.
     """
     dev = _device.pick() if dev is None else _device.resolve(str(dev))
     variants = standard(dev) if variants is None else tuple(variants)
@@ -219,9 +231,11 @@ def compare(
         raise MPGuideError("no variants to compare")
     if len({v.name for v in variants}) != len(variants):
         raise MPGuideError("variant names must differ")
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    inputs = tuple(x.to(dev) for x in inputs)
-    items = inputs[0].shape[0] if inputs[0].dim() else 1
+    from mpguide.models.per_module import arguments
+
+    inputs = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, arguments(inputs))
+    first = next(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
+    items = first.shape[0] if first.dim() else 1
 
     reference = Variant("reference")
     ref = _logits(reference(reference.prepare(model, dev), inputs, dev)).double()

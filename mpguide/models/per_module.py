@@ -20,9 +20,11 @@ node (autograd's sequence numbers say which). For every call of every module, in
 
 :attr:`Report.first_nonfinite` is where a non-finite value first appears: the first module
 call to finish with an infinity or NaN where the reference has none, from a finite first
-input; :attr:`Report.first_jump` the first whose output error is
-:data:`JUMP` times its input error or more (an error below the format's unit roundoff counts
-as the unit roundoff). Modules run in eval mode, so dropout is off and both runs see the same
+input; :attr:`Report.largest_jump` the call whose output error grew most over its input error,
+when it grew :data:`JUMP` times or more (an error below the format's unit roundoff counts as
+the unit roundoff). "To zero" counts the values the format flushed: zero where the reference
+is not, and smaller than the format's smallest normal number (a value that only rounding or
+cancellation made zero, a ReLU's sign flip, is error, not a flush). Modules run in eval mode, so dropout is off and both runs see the same
 function. On a simulated device (:func:`mpguide.autocast.device.target`) no kernel runs: the report has
 dtypes, ops and casts only, and says so.
 """
@@ -30,12 +32,17 @@ dtypes, ops and casts only, and says so.
 from __future__ import annotations
 
 import copy
+import json
+import math
+import re
+import traceback
 import weakref
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,9 +56,22 @@ from mpguide.core.table import Table
 from mpguide.precision import numerics
 
 FORWARD, BACKWARD = "forward", "backward"
+SHOWN = ("module", "type", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero")
+"""The columns a table shows by default: where each module's dtypes change and its error."""
+BEYOND = "|ref| > max"
+"""The column of reference values beyond the low-precision format's largest finite value."""
 JUMP = 10.0
 """How many times its input's error a module's output error must be to count as a jump."""
 
+TRANSFORMERS_PATH = (
+    "a simulated transformers model takes another path than a live one: transformers counts "
+    "fake tensors as tracing (is_tracing in transformers.utils.import_utils, through "
+    "is_fake_tensor), so its mask code (masking_utils' find_packed_sequence_indices and "
+    "_ignore_causal_mask_sdpa), which cannot read their values, builds an explicit attention "
+    "mask where a live run leaves it to sdpa's is_causal: more ops there, and a mask input to "
+    "attention"
+)
+"""Why a simulated transformers model runs ops a live run does not."""
 Key = tuple[str, int]
 """A module call: the module's qualified name and which of its calls (0 for the first)."""
 
@@ -265,7 +285,7 @@ def _run(
     return recorder, ran_backward
 
 
-def _inputs(inputs: Any) -> tuple[tuple, dict]:
+def arguments(inputs: Any) -> tuple[tuple, dict]:
     """``(args, kwargs)`` from what a factory returned as inputs: one tensor, a tuple or list
     of arguments, or a dict of keyword arguments."""
     if isinstance(inputs, torch.Tensor):
@@ -345,8 +365,8 @@ def _flat(low: list[torch.Tensor], ref: list[torch.Tensor]):
 class _Compare:
     """The reference run's hooks: each call's input and output against the kept values."""
 
-    def __init__(self, kept: _Outputs, largest: float):
-        self.kept, self.largest = kept, largest
+    def __init__(self, kept: _Outputs, largest: float, tiny: float):
+        self.kept, self.largest, self.tiny = kept, largest, tiny
         self.numbers: dict[Key, _Numbers] = {}
 
     def on_input(self, seen: _Seen, value: Any) -> None:
@@ -367,7 +387,7 @@ class _Compare:
         n.error = numerics.errors(a, r)
         n.inf = int((torch.isinf(a) & finite).sum())
         n.nan = int((torch.isnan(a) & finite).sum())
-        n.to_zero = int(((a == 0) & (r != 0)).sum())
+        n.to_zero = int(((a == 0) & (r != 0) & (r.abs() < self.tiny)).sum())
         n.beyond_range = int((finite & (r.abs() > self.largest)).sum())
 
 
@@ -415,17 +435,24 @@ class Report:
         infinity or NaN where the reference has none, its first floating input finite."""
         return next((c for c in self._finished() if c.nonfinite and not c.input_nonfinite), None)
 
-    @property
-    def first_jump(self) -> ModuleCall | None:
-        """The first module call to finish whose output error is :data:`JUMP` times its
-        input error or more, each error at least the format's unit roundoff."""
+    def growth(self, call: ModuleCall) -> float | None:
+        """How many times its input's error a call's output error is, each at least the
+        format's unit roundoff; None where either is unknown or the output is not finite."""
+        if call.error is None or call.input_error is None or call.nonfinite:
+            return None
         floor = torch.finfo(self.low).eps / 2
-        for c in self._finished():
-            if c.error is None or c.input_error is None or c.nonfinite:
-                continue
-            if c.error.max_rel >= JUMP * max(c.input_error.max_rel, floor):
-                return c
-        return None
+        return max(call.error.max_rel, floor) / max(call.input_error.max_rel, floor)
+
+    @property
+    def largest_jump(self) -> ModuleCall | None:
+        """The module call whose error grew most from its input to its output, when it grew
+        :data:`JUMP` times or more. A module that holds it grows as much: of the calls within
+        half the largest growth, the first to finish (the innermost) is named."""
+        grown = [(g, c) for c in self._finished() if (g := self.growth(c)) is not None]
+        top = max((g for g, _ in grown), default=0.0)
+        if top < JUMP:
+            return None
+        return next(c for g, c in grown if g >= top / 2)
 
     @property
     def run(self) -> str:
@@ -443,8 +470,8 @@ class Report:
         )
 
     def findings(self) -> list[str]:
-        """Sentences on what the report found: the first non-finite value, the first jump in
-        error, where the reference itself ran narrower than float64."""
+        """Sentences on what the report found: the first non-finite value, the largest growth
+        in error, where the reference itself ran narrower than float64."""
         if self.simulated:
             return [f"simulated ({self.how}): dtypes, ops and casts only, no errors"]
         out = []
@@ -456,11 +483,12 @@ class Report:
             )
         else:
             out.append("no module returned inf or NaN where the float64 reference is finite")
-        jump = self.first_jump
+        jump = self.largest_jump
         if jump is not None:
             out.append(
-                f"first jump in error: {jump.label} ({jump.kind}): max |error| / mean |ref| "
-                f"{jump.input_error.max_rel:.3g} in, {jump.error.max_rel:.3g} out"
+                f"largest growth in error: {jump.label} ({jump.kind}), {self.growth(jump):.3g} "
+                f"times: max |error| / mean |ref| {jump.input_error.max_rel:.3g} in, "
+                f"{jump.error.max_rel:.3g} out"
             )
         else:
             out.append(f"no module's error grew {JUMP:g} times or more from input to output")
@@ -474,10 +502,8 @@ class Report:
             )
         return out
 
-    def table(self, limit: int | None = None) -> Table:
-        """One row per module call in call order (the first ``limit`` of them); the notes
-        say what the columns mean, what the report found and how many rows are left out."""
-        low = dtypes.short(self.low)
+    def columns(self) -> list[str]:
+        """Every column this report has, in order."""
         columns = ["module", "type", "in", "out", "params", "ops", "casts"]
         if self.autocast is not None:
             columns.append("autocast casts")
@@ -486,10 +512,41 @@ class Report:
             if self.autocast is not None:
                 columns.append("bwd autocast casts")
         if not self.simulated:
-            columns += ["in err", "out err", "inf", "nan", "to zero", f"|ref| > {low} max"]
+            columns += ["in err", "out err", "inf", "nan", "to zero", BEYOND]
+        return columns
+
+    def table(
+        self,
+        limit: int | None = None,
+        columns: str | list[str] | None = None,
+        nested: bool = False,
+    ) -> Table:
+        """One row per module call in call order (the first ``limit`` of them); the notes
+        say what the columns mean, what the report found and how many rows are left out.
+        ``columns``: None for those that matter most (:data:`SHOWN`), ``"all"``, or a list
+        of names from :meth:`columns`. ``nested``: each module named within the call that
+        runs it, indented by depth (``    q_proj``), as a terminal reads it; else by its
+        qualified name."""
+        every = self.columns()
+        if columns is None:
+            columns = [c for c in every if c in SHOWN]
+        elif columns == "all":
+            columns = every
+        else:
+            unknown = [c for c in columns if c not in every]
+            if unknown:
+                raise MPGuideError(
+                    f"no column {unknown[0]!r} in this report; it has {', '.join(every)}"
+                )
         shown = self.calls if limit is None else self.calls[:limit]
         rows = tuple(tuple(_cells(c, columns)) for c in shown)
-        notes = [*self.findings(), *self.notes, _legend(self)]
+        if nested and "module" in columns:
+            at = columns.index("module")
+            rows = tuple(
+                (*r[:at], label, *r[at + 1 :])
+                for r, label in zip(rows, _nested(shown), strict=True)
+            )
+        notes = [*self.findings(), *self.notes, _legend(self, columns)]
         if len(shown) < len(self.calls):
             notes.append(
                 f"... {len(self.calls) - len(shown)} more module calls not shown "
@@ -502,6 +559,46 @@ class Report:
 
     def _repr_html_(self) -> str:
         return self.table().to_html()
+
+
+def _finding(report: Report, call: ModuleCall | None) -> dict | None:
+    if call is None:
+        return None
+    return {
+        "module": call.name,
+        "call": call.index,
+        "type": call.kind,
+        "inf": call.inf,
+        "nan": call.nan,
+        "in err": _json_number(_err(call.input_error)),
+        "out err": _json_number(_err(call.error)),
+        "growth": _json_number(report.growth(call)),
+    }
+
+
+def _json_number(x: float | None) -> float | str | None:
+    """A number as JSON holds it: an infinity or NaN by name (``"inf"``), null for unknown."""
+    return x if x is None or math.isfinite(x) else str(x)
+
+
+def json_document(report: Report, table: Table) -> str:
+    """The report as one JSON document: the table's caption, notes and rows, where an
+    infinite or NaN error is the string ``"inf"`` or ``"nan"`` (null is unknown), and the
+    findings as fields: ``first_nonfinite`` and ``largest_jump`` (null when none) and
+    ``simulated``."""
+    doc = json.loads(table.to_json())
+    calls = {c.label: c for c in report.calls}
+    for row in doc["rows"]:
+        call = calls.get(row.get("module"))
+        for key, stats in (("in err", "input_error"), ("out err", "error")):
+            if call is not None and key in row:
+                row[key] = _json_number(_err(getattr(call, stats)))
+    doc |= {
+        "simulated": report.simulated,
+        "first_nonfinite": _finding(report, report.first_nonfinite),
+        "largest_jump": _finding(report, report.largest_jump),
+    }
+    return json.dumps(doc, indent=2, allow_nan=False)
 
 
 def differences(a: Report, b: Report) -> Table:
@@ -559,24 +656,45 @@ def _cells(c: ModuleCall, columns: list[str]) -> Iterator[Any]:
         "to zero": c.to_zero,
     }
     for col in columns:
-        yield c.beyond_range if col.startswith("|ref| >") else values[col]
+        yield c.beyond_range if col == BEYOND else values[col]
 
 
-def _legend(r: Report) -> str:
-    parts = [
-        "ops and casts: run by the module itself, not its submodules; casts: dtype conversions"
-    ]
-    if r.autocast is not None:
+def _nested(calls) -> Iterator[str]:
+    """Each call's name within the call that runs it (its full name where it is not a
+    submodule of that one), indented two spaces per level."""
+    stack: list[str] = []
+    for c in calls:
+        del stack[c.depth :]
+        parent = stack[-1] if stack else ""
+        name = c.name[len(parent) + 1 :] if parent and c.name.startswith(parent + ".") else None
+        stack.append(c.name)
+        label = _label((name or c.name, c.index)) if c.depth else c.label
+        yield "  " * c.depth + label
+
+
+def _legend(r: Report, columns: list[str]) -> str:
+    said = set(columns)
+    parts = ["casts: dtype conversions the module ran itself, not its submodules"]
+    if said & {"ops", "bwd ops"}:
+        parts.append("ops: the ops it ran itself")
+    if said & {"autocast casts", "bwd autocast casts"}:
         parts.append("autocast casts: those the same call does not make with autocast off")
     if r.backward:
         parts.append("bwd: the backward pass, with ones as output gradients")
-    if not r.simulated:
+    if said & {"in err", "out err"}:
         parts.append(
-            "err: max |error| / mean |ref| of the first floating input and of the output, "
-            "against a float64 copy of the model on the same inputs; inf, nan: returned "
-            "where the reference is finite; to zero: zero where the reference is not; "
-            f"|ref| > max: reference values beyond the largest finite {dtypes.name(r.low)}"
+            "err: max |error| / mean |ref| of the "
+            + ("first floating input and of the " if "in err" in said else "")
+            + "output, against a float64 copy of the model on the same inputs"
         )
+    if said & {"inf", "nan"}:
+        parts.append("inf, nan: returned where the reference is finite")
+    if "to zero" in said:
+        parts.append("to zero: flushed, zero where the reference is below the smallest normal")
+    if BEYOND in said:
+        parts.append(f"{BEYOND}: reference values beyond the largest finite {dtypes.name(r.low)}")
+    if set(r.columns()) - said:
+        parts.append("--columns all shows every column")
     return "; ".join(parts)
 
 
@@ -610,7 +728,7 @@ def report(
     target = device if isinstance(device, _device.Target) else _device.target(device, simulate)
     if backward and target.simulated and not _device.simulates_autograd(target.device.type):
         raise MPGuideError(f"no backward pass: {_device.no_autograd_reason(target.device.type)}")
-    args, kwargs = _inputs(inputs)
+    args, kwargs = arguments(inputs)
     low_model = model
     if dtype is not None or (not target.simulated and _on_other_device(model, target)):
         low_model = copy.deepcopy(model).to(device=_live(target), dtype=dtype)
@@ -620,7 +738,7 @@ def report(
     }
 
     kept = None if target.simulated else _Outputs()
-    with _device.tensors(target, [low_model]):
+    with _device.tensors(target, [low_model]), _simulation_limits(target):
         a, k = _device.move(low_inputs, target)
         run, ran_backward = _run(
             low_model,
@@ -638,6 +756,8 @@ def report(
         if autocast is not None:
             plain, _ = _run(low_model, a, k, target, None, backward)
     notes = []
+    if target.simulated and type(model).__module__.startswith("transformers."):
+        notes.append(TRANSFORMERS_PATH)
     if backward and not ran_backward:
         notes.append("no backward pass: nothing the output depends on requires grad")
 
@@ -646,7 +766,8 @@ def report(
     if kept is not None:
         reference = copy.deepcopy(model).to(device=target.device, dtype=torch.float64)
         a, k = _device.move(_cast_floats((args, kwargs), torch.float64), target)
-        compare = _Compare(kept, torch.finfo(autocast or dtype).max)
+        low = torch.finfo(autocast or dtype)
+        compare = _Compare(kept, low.max, low.tiny)
         try:
             ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
         except Exception as err:
@@ -674,6 +795,40 @@ def report(
         narrowed,
         tuple(notes),
     )
+
+
+@contextmanager
+def _simulation_limits(target: _device.Target) -> Iterator[None]:
+    """An op that this torch build cannot run on a simulated device fails inside torch with
+    an INTERNAL ASSERT (a kernel stub with no entry for the device, as
+    ``scaled_dot_product_attention`` picks its kernel): said in one line, naming the line of
+    the model that called it, as a limit of the simulation, not an error of the model."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not (target.simulated and "INTERNAL ASSERT" in str(err)):
+            raise
+        dev = target.device.type
+        raise MPGuideError(
+            f"the simulated {dev} cannot run an op this model calls at {_caller(err)}: torch "
+            f"{torch.__version__} picks its kernel through a dispatch stub that has no {dev} "
+            f"entry in this build (an INTERNAL ASSERT inside torch, not the model's error); a "
+            f"build with {dev}, or --device cpu or cuda, runs it"
+        ) from None
+
+
+def _caller(err: BaseException) -> str:
+    """``file.py:LINE (code)`` of the innermost frame of ``err``'s traceback outside torch
+    and mpguide: the model's line that called into torch."""
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if not re.search(r"[/\\](torch|mpguide)[/\\]", f.filename)
+    ]
+    if not frames:
+        return "an unknown line"
+    f = frames[-1]
+    return f"{Path(f.filename).name}:{f.lineno} ({(f.line or '').strip()})"
 
 
 def _module_call(

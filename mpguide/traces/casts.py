@@ -7,7 +7,8 @@ is reported once, at the top of its chain.
 
 Its cause is what the trace knows of who asked for it. With the Python stack in the trace
 (``with_stack=True``, a tree built with ``python=True``): the innermost ``nn.Module`` and the
-innermost Python frame, as ``file:line`` (the line the profiler records, where the function
+innermost Python frame outside torch (torch's own frames, such as ``__torch_function__`` of
+``torch/utils/_device.py``, are how it ran the reader's line), as ``file:line`` (the line the profiler records, where the function
 starts), and the enclosing op if there is one; without it, the enclosing op: the nearest
 ancestor that is not a cast, a Python frame, a launch or a ``ProfilerStep#N`` range. A cast of
 the backward pass inside ``ToCopyBackward0`` is the gradient of a forward cast: the autograd
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from html import escape
@@ -320,7 +322,119 @@ COLUMNS = (
     "cpu us",
     "gpu us",
     "share of step",
+    "gpu share of step",
 )
+_NAMED = ("cause", "module", "pass")
+"""The summaries that name the dtype directions of each row's casts."""
+
+
+_SHORT = {
+    "float64": "f64",
+    "float32": "f32",
+    "bfloat16": "bf16",
+    "float16": "f16",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint8": "u8",
+    "bool": "b8",
+}
+
+
+def pair_label(source: str, target: str) -> str:
+    """``('float32', 'bfloat16')`` -> ``'f32->bf16'``: a dtype direction in short names."""
+    return f"{_SHORT.get(source, source)}->{_SHORT.get(target, target)}"
+
+
+def duration_text(us: float | None) -> str | None:
+    """A time as a person reads it: ``'20.14 ms'``, ``'60.9 µs'``, ``'1.20 s'``."""
+    if us is None:
+        return None
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} µs"
+
+
+def percent_text(share: float | None) -> str | None:
+    """A share as a percentage with the digits that tell it apart: ``'3.5%'``, ``'0.13%'``,
+    ``'<0.01%'``."""
+    if share is None:
+        return None
+    p = 100 * share
+    if p == 0 or p >= 10:
+        return f"{p:.0f}%" if p == 0 else f"{p:.1f}%"
+    return f"{p:.2f}%" if p >= 0.01 else "<0.01%"
+
+
+def bytes_text(n: int | None) -> str | None:
+    """A size in decimal units: ``'2.69 GB'``, ``'145 kB'``, ``'768 B'``."""
+    if n is None:
+        return None
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+_TEXT = {
+    "bytes read": ("read", bytes_text),
+    "bytes written": ("written", bytes_text),
+    "cpu us": ("CPU", duration_text),
+    "gpu us": ("GPU", duration_text),
+    "kernel us": ("GPU", duration_text),
+    "share of step": ("CPU %", percent_text),
+    "gpu share of step": ("GPU %", percent_text),
+    "cause cpu us": (None, None),
+    "cause gpu us": (None, None),
+}
+"""How the text output names and writes the columns: units a person reads; the cause's own
+time only in the other formats."""
+
+LEGEND = (
+    "Columns of the text output: dtypes: the dtype directions of the row's casts, most casts "
+    "first; casts: how many; written: the bytes they wrote; CPU: their time on the CPU (the "
+    "cast ops themselves); GPU: the time of the kernels they launched; CPU %: CPU over the "
+    "CPU time of the profiled steps (ProfilerStep#N ranges); GPU %: GPU over the time of the "
+    "kernels launched in those steps (GPU columns only when the trace has kernels). json and "
+    "csv keep the numbers in microseconds and fractions (cpu us, share of step, ...) and add, "
+    "by cause, cause cpu us and cause gpu us: the time of the op, module or frame that "
+    "caused the casts, less the casts inside it."
+)
+"""What the columns are: the epilog of ``casts --help``."""
+
+
+def readable(table: Table) -> Table:
+    """``table`` as a person reads it: times in ms or µs, shares in %, sizes in kB, MB or
+    GB; the columns the text leaves out (the cause's own time) dropped (:data:`LEGEND`)."""
+    if "source" in table.columns and "target" in table.columns:  # one cast per row
+        i, j = table.columns.index("source"), table.columns.index("target")
+        dropped = {"op", "direction", "bytes read", "target"}
+        columns = tuple("dtypes" if c == "source" else c for c in table.columns)
+        rows = tuple(
+            tuple(pair_label(r[i], r[j]) if k == i and r[j] else v for k, v in enumerate(r))
+            for r in table.rows
+        )
+        keep = [k for k, c in enumerate(columns) if c not in dropped]
+        table = Table(
+            tuple(columns[k] for k in keep),
+            tuple(tuple(r[k] for k in keep) for r in rows),
+            table.caption,
+            table.notes,
+        )
+    keep = [i for i, c in enumerate(table.columns) if _TEXT.get(c, (c,))[0] is not None]
+    columns = tuple(_TEXT.get(table.columns[i], (table.columns[i],))[0] for i in keep)
+    shows = [_TEXT.get(table.columns[i], (None, None))[1] for i in keep]
+    rows = tuple(
+        tuple(
+            v if show is None else show(v)
+            for v, show in zip((r[i] for i in keep), shows, strict=True)
+        )
+        for r in table.rows
+    )
+    return Table(columns, rows, table.caption, table.notes)
 
 
 def _significant(x: float) -> float:
@@ -366,6 +480,13 @@ class FusedCasts:
     def total_us(self) -> float:
         return float(self.us.sum())
 
+    @property
+    def unlaunched(self) -> np.ndarray:
+        """Mask of the kernels whose launch is not in the trace."""
+        if NO_LAUNCH not in self.causes:
+            return np.zeros(len(self), bool)
+        return self.cause == self.causes.index(NO_LAUNCH)
+
     def table(self, *, limit: int | None = None) -> Table:
         """One row per kernel, kind, cause and pass: how many ran and their time, most time
         first."""
@@ -397,8 +518,8 @@ class FusedCasts:
         columns = ("kernel", "kind", "cause", "pass", "device", "kernels", "kernel us")
         caption = (
             f"{len(self)} fused cast kernel{'' if len(self) == 1 else 's'}, "
-            f"{self.total_us:.4g} us: their dtypes are not in the trace, their time is the "
-            "whole kernel's"
+            f"{duration_text(self.total_us)}: their dtypes are not in the trace, their time is "
+            "the whole kernel's"
         )
         return _limited(columns, rows, [], limit, caption, [])
 
@@ -448,6 +569,7 @@ class CastReport:
     step_us: float | None
     fused: FusedCasts
     source: str = ""
+    step_gpu_us: float | None = None
     gpu: bool = False
     untyped: int = 0
     notes: tuple[str, ...] = ()
@@ -476,6 +598,11 @@ class CastReport:
         if self.step_us is None:
             return [None] * len(cpu)
         return [_significant(c / self.step_us) for c in cpu]
+
+    def _gpu_share(self, gpu: list[float]) -> list[float | None]:
+        if not self.step_gpu_us:
+            return [None] * len(gpu)
+        return [_significant(g / self.step_gpu_us) for g in gpu]
 
     @cached_property
     def casts(self) -> tuple[Cast, ...]:
@@ -516,10 +643,20 @@ class CastReport:
             notes.append("bytes are blank where the trace has no shape for the cast")
         if self.step_us is None and len(self):
             notes.append("share of step is blank: the trace has no ProfilerStep#N range")
-        if len(self.fused):
+        unlaunched = self.fused.unlaunched
+        fused = len(self.fused) - int(unlaunched.sum())
+        if fused:
+            us = float(self.fused.us[~unlaunched].sum())
             notes.append(
-                f"{len(self.fused)} casts fused into kernels ({self.fused.total_us:.4g} us of "
-                "kernel time) are not in these rows: --by fused lists them"
+                f"{fused} casts fused into kernels ({duration_text(us)} of kernel time) are "
+                "not in these rows: --by fused lists them"
+            )
+        if unlaunched.any():
+            us = float(self.fused.us[unlaunched].sum())
+            notes.append(
+                f"{int(unlaunched.sum())} more cast kernels ({duration_text(us)}) were launched "
+                "before the trace began (a previous step's copies): not counted above, --by "
+                "fused lists them as " + NO_LAUNCH
             )
         return notes
 
@@ -538,7 +675,8 @@ class CastReport:
             "bytes written": None if np.isnan(written).any() else int(written.sum()),
             "cpu us": round(cpu, 3),
             "gpu us": round(float(self.gpu_us[out].sum()), 3),
-            "share of step": None if self.step_us is None else _significant(cpu / self.step_us),
+            "share of step": self._share([cpu])[0],
+            "gpu share of step": self._gpu_share([float(self.gpu_us[out].sum())])[0],
         }
         return [tuple(cells.get(c) for c in columns)]
 
@@ -572,6 +710,7 @@ class CastReport:
             "cpu us": [round(c, 3) for c in cpu],
             "gpu us": [round(g, 3) for g in self.gpu_us[at].tolist()],
             "share of step": self._share(cpu),
+            "gpu share of step": self._gpu_share(self.gpu_us[at].tolist()),
         }
         rows = list(zip(*(cells[c] for c in COLUMNS), strict=True))
         columns, rows = self._fit(COLUMNS, rows)
@@ -602,9 +741,11 @@ class CastReport:
         steps, largest CPU time first. Without ``scalars`` the casts of 0-d tensors are
         folded into one last row; ``limit`` caps the other rows.
 
-        By cause, ``cause cpu us`` and ``cause gpu us`` are the time of the causing nodes
-        (op, module or frame) less the casts in them, to set a cast's cost against the work
-        of what asked for it.
+        By cause, ``dtypes`` names the directions of each row's casts, most first, and
+        ``cause cpu us`` and ``cause gpu us`` are the time of the causing nodes (op, module
+        or frame) less the casts in them, to set a cast's cost against the work of what asked
+        for it (blank where the casts have no causing node). ``gpu share of step`` is the
+        GPU time over that of the kernels launched in the profiled steps.
         """
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")
@@ -623,33 +764,68 @@ class CastReport:
         columns = [present, count, total, unknown, cpu, gpu]
         if by == "cause":
             columns += self._own_time(at, present)
+        directions = self._directions(group[at], self.pair[at], present) if by in _NAMED else None
         rows = []
-        for key, n, w, u, c, g, *own in zip(*(x.tolist() for x in columns), strict=True):
-            share = None if self.step_us is None else _significant(c / self.step_us)
-            times = [round(t, 3) for t in (c, g, *own)]
-            rows.append((*labels[key], n, None if u else int(w), *times, share))
+        for j, (key, n, w, u, c, g, *own) in enumerate(
+            zip(*(list(x) if isinstance(x, list) else x.tolist() for x in columns), strict=True)
+        ):
+            times = [round(t, 3) if t is not None else None for t in (c, g, *own)]
+            dts = () if directions is None else (directions[j],)
+            shares = (*self._share([c]), *self._gpu_share([g]))
+            rows.append((*labels[key], *dts, n, None if u else int(w), *times, *shares))
         rows = [rows[i] for i in np.lexsort((first, -cpu)).tolist()]
         extra = ("cause cpu us", "cause gpu us") if by == "cause" else ()
         keys = SUMMARY_KEYS[by]
-        names = (*keys, "casts", "bytes written", "cpu us", "gpu us", *extra, "share of step")
+        names = (
+            *keys,
+            *(("dtypes",) if by in _NAMED else ()),
+            "casts",
+            "bytes written",
+            "cpu us",
+            "gpu us",
+            *extra,
+            "share of step",
+            "gpu share of step",
+        )
         names_fit, rows = self._fit(names, rows)
         folded = self._folded(keep, names_fit, keys[0])
         notes = self._notes(bool(np.isnan(written_all).any()))
         return _limited(names_fit, rows, folded, limit, f"casts by {by}", notes)
 
-    def _own_time(self, at: np.ndarray, present: np.ndarray) -> list[np.ndarray]:
+    def _directions(self, group: np.ndarray, pair: np.ndarray, present: np.ndarray) -> list[str]:
+        """Per group in ``present``, its casts' dtype directions, most casts first."""
+        n = len(self.pairs)
+        both, count = np.unique(group * n + pair, return_counts=True)
+        found: dict[int, Counter[str]] = {}
+        for k, c in zip(both.tolist(), count.tolist(), strict=True):
+            g, p = divmod(k, n)
+            found.setdefault(g, Counter())[pair_label(*self.pairs[p])] += c
+        return [
+            ", ".join(
+                label for label, _ in sorted(found[g].items(), key=lambda kv: (-kv[1], kv[0]))
+            )
+            for g in present.tolist()
+        ]
+
+    def _own_time(self, at: np.ndarray, present: np.ndarray) -> list[list[float | None]]:
         """Per cause in ``present``, the CPU and GPU time of its causing nodes less the part
-        of their casts (among ``at``) inside them."""
+        of their casts (among ``at``) inside them; a node that causes casts of several rows
+        counts in each; None for a row whose casts have no causing node."""
         cause_ids, cause = self.cause_ids[at], self.cause[at]
-        ops, first, which = np.unique(cause_ids, return_index=True, return_inverse=True)
-        where = np.searchsorted(present, cause[first])
+        row = np.searchsorted(present, cause)
+        pairs = row * (int(cause_ids.max(initial=0)) + 2) + (cause_ids + 1)
+        _, first, which = np.unique(pairs, return_index=True, return_inverse=True)
+        k = len(first)
+        has_node = np.bincount(row, cause_ids >= 0, len(present)) > 0
         out = []
         for own, cast in (
             (self.cause_cpu_us[at], self.inside_us[at]),
             (self.cause_gpu_us[at], self.gpu_us[at]),
         ):
-            per_op = own[first] - np.bincount(which, cast, len(ops))
-            out.append(np.bincount(where, np.where(ops >= 0, per_op, 0.0), len(present)))
+            per_node = own[first] - np.bincount(which, cast, k)
+            per_node = np.where(cause_ids[first] >= 0, per_node, 0.0)
+            per_row = np.bincount(row[first], per_node, len(present))
+            out.append([v if h else None for v, h in zip(per_row.tolist(), has_node, strict=True)])
         return out
 
     def __repr__(self) -> str:
@@ -695,6 +871,15 @@ def _steps(tree: Tree) -> np.ndarray:
     return tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
 
 
+def _steps_gpu_us(tree: Tree) -> float | None:
+    """The time of the GPU work launched in the profiled steps, None without steps or GPU
+    work linked to them."""
+    steps = _steps(tree) & tree.included
+    if not (steps.any() and tree.gpu_work.any()):
+        return None
+    return sum(tree.gpu_us[steps].tolist()) or None
+
+
 def _steps_us(tree: Tree) -> float | None:
     """The time of the profiled steps, None without a ``ProfilerStep#N`` range."""
     steps = _steps(tree) & tree.included
@@ -713,13 +898,24 @@ class _Context(NamedTuple):
     cast_op: np.ndarray
 
 
-def _contexts(tree: Tree, ids: np.ndarray) -> _Context:
+_TORCH_FILE = re.compile(r"(?:^|[/\\])torch[/\\]")
+
+
+def _readers_frame(name: str) -> bool:
+    """Whether an event is a Python frame outside torch: a frame inside torch
+    (``torch/utils/_device.py(99): __torch_function__``, ``torch/nn/modules/module.py``'s
+    ``_call_impl``) is how torch ran the reader's line, not the line."""
+    place = frame_place(name)
+    return place is not None and not _TORCH_FILE.search(place[0])
+
+
+def _contexts(tree: Tree, ids: np.ndarray) -> tuple[_Context, int]:
     python = tree.in_category(PYTHON.__eq__)
     cast_op = tree.named(CAST_OPS.__contains__)
     not_work = tree.in_category(lambda c: c in RUNTIME_CATEGORIES or c.startswith("gpu_"))
     causing = ~(cast_op | python | _steps(tree) | not_work)
     module = python & tree.named(lambda n: n.startswith(MODULE_MARK))
-    frame = python & tree.named(lambda n: frame_place(n) is not None)
+    frame = python & tree.named(_readers_frame)
     grad = tree.named(lambda n: n.startswith(BACKWARD_MARK))
     found = _Context(*tree.nearest(ids, causing, module, frame, grad, cast_op))
     # What lies above the Python code (a range such as a step's) or above the backward node
@@ -728,7 +924,18 @@ def _contexts(tree: Tree, ids: np.ndarray) -> _Context:
     found.op[depth[found.op] < np.maximum(depth[found.module], depth[found.frame])] = -1
     for above in (found.module, found.frame):
         above[depth[above] < depth[found.grad]] = -1
-    return found
+    # Where the trace's Python events overlap, nesting can put a cast under a module or
+    # frame that had ended before it began: only one that holds the cast in time is a cause.
+    # GPU kernels run after their launch, out of the CPU events' time: only the CPU's are held.
+    ts, end = tree.trace.ts, tree.trace.ts + tree.dur_us
+    cpu = ~tree.gpu_work[ids]
+    ended = np.zeros(len(ids), bool)
+    for above in (found.module, found.frame):
+        at = np.maximum(above, 0)
+        held = ~cpu | ((ts[at] <= ts[ids]) & (end[ids] <= end[at]))
+        ended |= (above >= 0) & ~held
+        above[~held] = -1
+    return found, int(ended.sum())
 
 
 def _label(op: str | None, module: str | None, frame: str | None) -> tuple[str, str | None]:
@@ -825,14 +1032,15 @@ def report(tree: Tree) -> CastReport:
         found = _chain_pair(tree, int(ids[k]))
         if found is not None:
             kept[k] = True
-            pairs.append(found)
-            pair[k] = len(pairs) - 1
+            if found not in pairs:  # one index per pair, so that a summary by pair is one row
+                pairs.append(found)
+            pair[k] = pairs.index(found)
         else:
             untyped += int(nothing[k])
     ids, pair, shape, sequence = ids[kept], pair[kept], shape[kept], sequence[kept]
     fused_ids, fused_kinds = _fused(tree)
     n = len(ids)
-    ctx = _contexts(tree, np.concatenate((ids, fused_ids)))
+    ctx, ended = _contexts(tree, np.concatenate((ids, fused_ids)))
     cause_ids = np.where(ctx.op >= 0, ctx.op, np.where(ctx.module >= 0, ctx.module, ctx.frame))
     forward = _tie_backward(tree, ids, sequence, pair, pairs, _Context(*(c[:n] for c in ctx)))
     tied = np.flatnonzero(forward >= 0)
@@ -887,17 +1095,23 @@ def report(tree: Tree) -> CastReport:
         pairs=pairs,
         shapes=[s for _, s in described],
         step_us=_steps_us(tree),
+        step_gpu_us=_steps_gpu_us(tree),
         fused=fused,
         source=tree.trace.source,
         gpu=bool(tree.gpu_work.any()),
         untyped=untyped,
-        notes=tuple(_lacks(tree, n, untyped)),
+        notes=tuple(_lacks(tree, n, untyped, ended)),
     )
 
 
-def _lacks(tree: Tree, n: int, untyped: int) -> list[str]:
-    """What the trace lacked that the report would have used."""
+def _lacks(tree: Tree, n: int, untyped: int, ended: int) -> list[str]:
+    """What the trace lacked that the report would have used, and what it got wrong."""
     notes = []
+    if ended:
+        notes.append(
+            f"the trace's Python events overlap: {ended:,} casts nest under a module or line "
+            "whose event had ended before they began, and are blamed on what holds them in time"
+        )
     if untyped:
         notes.append(
             f"{untyped} copy chains name no dtypes (recorded without record_shapes): they may "

@@ -31,7 +31,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -210,10 +210,10 @@ def rank_casts(
     loaded = trace_file.load(path, args_of=cast_report.needs_args, max_bytes=max_bytes)
     tree = loaded.tree(python=True)
     report = cast_report.report(tree)
-    summary = report.summary(by)
+    summary = report.summary(by, scalars=False)  # 0-d casts folded, as for one file
     keys = cast_report.SUMMARY_KEYS[by]
     top, top_cpu = None, None
-    if summary.rows:
+    if summary.rows and not str(summary.rows[0][0]).startswith(cast_report.FOLDED[:-1]):
         top = " -> ".join(str(v) for v in summary.rows[0][: len(keys)])
         top_cpu = float(summary.column("cpu us")[0])
     return RankCasts(
@@ -350,19 +350,20 @@ class Ranks:
                 return (f"{said}: {most} ({figure} {top:,.1f}, {than} {median:,.1f})",)
         return ()
 
-    def render(self, fmt: str) -> str:
+    def render(self, fmt: str, width: int | None = None) -> str:
         """Both tables in ``fmt`` (one of :data:`mpguide.core.table.FORMATS`): JSON as one
-        document with ``ranks`` and ``summary``; CSV the rows per trace alone."""
+        document with ``ranks`` and ``summary``; CSV the rows per trace alone; text fitting
+        ``width`` where it can."""
         table, summary = self.table(), self.summary()
         if fmt == "json":
             doc = {"ranks": json.loads(table.to_json()), "summary": json.loads(summary.to_json())}
             return json.dumps(doc, indent=2)
         if fmt == "csv":
             return table.to_csv()
-        return f"{table.render(fmt)}\n\n{summary.render(fmt)}"
+        return f"{table.render(fmt, width)}\n\n{summary.render(fmt, width)}"
 
     def __repr__(self) -> str:
-        return self.render("table")
+        return self.render("text")
 
     def _repr_html_(self) -> str:
         return self.table().to_html() + self.summary().to_html()
@@ -419,8 +420,10 @@ def _read(folder, work: Callable[[str], Row], jobs, scheduler, progress) -> Rank
         raise MPGuideError("give jobs or a scheduler, not both: the cluster has its own workers")
     found, skipped = _scan(folder)
     paths = [str(p) for p in found]
-    if scheduler is not None:
-        rows, how = _on_cluster(work, paths, scheduler, progress)
+    if scheduler is not None:  # the workers have their own working directory: absolute paths
+        named = {os.path.abspath(p): p for p in paths}
+        rows, how = _on_cluster(work, list(named), scheduler, progress)
+        rows = [replace(r, file=named.get(r.file, r.file)) for r in rows]
     else:
         most, why = most_jobs(found)
         rows, how = _on_cores(work, paths, min(jobs or most, most), progress)

@@ -444,7 +444,7 @@ def parse(data: bytes, source: str = "", args_of: Callable[[str], bool] | None =
     """A trace from the bytes of a chrome-trace JSON document; bytes that are not UTF-8 are
     replaced by U+FFFD and counted (:attr:`Trace.replaced`). ``args_of``: see :func:`load`."""
     events, replaced = _decode(data, source or "trace")
-    return _columns(events, source, replaced, args_of)
+    return _events_in(_columns(events, source, replaced, args_of))
 
 
 @paused_gc()
@@ -479,9 +479,20 @@ def load(
         if plain and size >= PARALLEL_BYTES:
             halves = _load_halves(path, args_of)
             if halves is not None:
-                return _joined(halves, str(path))
+                return _events_in(_joined(halves, str(path)))
     with _filler(source, max_bytes=max_bytes) as fill:
-        return _streamed(fill, b"", b"", _name(source), args_of)
+        return _events_in(_streamed(fill, b"", b"", _name(source), args_of))
+
+
+def _events_in(trace: Trace) -> Trace:
+    """``trace``, unless none of its objects is a trace event: a JSON array of other records
+    (no ``ph``) is not an empty trace but no trace at all."""
+    if not len(trace) and set(trace.other) == {""}:
+        raise MPGuideError(
+            f"{trace.source or 'trace'}: not a chrome trace: its {trace.other['']:,} objects "
+            "have no phase (ph), so none is a trace event"
+        )
+    return trace
 
 
 BYTES_PER_EVENT = 256
