@@ -128,19 +128,20 @@ print(f"on torch {torch.__version__} ({dev.type}): {rejects.describe()}")
 # %%
 # ``matmul`` does not promote: both operands must have one dtype (the eager message here is
 # ``expected scalar type Float but found Half``; ``F.linear`` says
-# ``expected m1 and m2 to have the same dtype``). Compiling runs the same checks on fake
-# tensors while tracing, so from 2.12 on the error comes before any kernel runs; on 2.11
-# inductor compiled the mixed matmul on the CPU and returned float32, the thread's silent
-# pass (which it saw on CUDA, where an inductor pattern replaced the whole attention). The fix in either case: cast ``weights``
-# and ``v`` to one dtype, or run the block under autocast (see
-# :ref:`sphx_glr_docs_auto_examples_autocast_plot_01_mixing_dtypes.py`).
+# ``expected m1 and m2 to have the same dtype``). Compiling runs the same checks on fake tensors
+# while tracing, so from 2.12 on the error comes before any kernel runs; on 2.11 inductor
+# compiled the mixed matmul on the CPU and returned float32, the thread's silent pass (which it
+# saw on CUDA hardware, where an inductor pattern replaced the whole attention; not reproduced
+# here). The fix in either case: cast ``weights`` and ``v`` to one dtype, or run the block under
+# autocast (see :ref:`sphx_glr_docs_auto_examples_autocast_plot_01_mixing_dtypes.py`).
 
 # %%
 # Does compile fuse a bf16 Linear and an fp32 add into one addmm?
 # ---------------------------------------------------------------
 # Asked in `pytorch#159492 <https://github.com/pytorch/pytorch/issues/159492>`__: a bf16
 # ``Linear`` followed by ``+ w`` with a float32 ``w`` works eagerly, and crashed compiled on
-# CUDA because inductor fused both into one ``addmm`` that needs equal widths. The repro:
+# CUDA hardware because inductor fused both into one ``addmm`` that needs equal widths. The
+# repro, live on this build's device:
 lin = nn.Linear(64, 64, bias=False, device=dev).bfloat16()
 w = torch.randn(64, 64, device=dev)
 
@@ -162,8 +163,9 @@ print(f"on torch {torch.__version__} ({dev.type}): both give float32 (the add pr
 # %%
 # Eager runs the matmul in bf16 and lets the add promote to float32. An ``addmm`` computes
 # ``bias + a @ b`` in one dtype, so fusing the add into it is only valid when ``w`` has the
-# matmul's dtype; the CUDA pattern skipped that check. Until a build has the fix, keep the
-# add's operands in one dtype: ``lin(x).float() + w`` or ``lin(x) + w.bfloat16()``.
+# matmul's dtype; the CUDA pattern skipped that check (the thread's report from hardware; a CPU
+# build does not run that pattern). Until a build has the fix, keep the add's operands in one
+# dtype: ``lin(x).float() + w`` or ``lin(x) + w.bfloat16()``.
 
 # %%
 # Does vector_norm with a bf16 out= tensor compile?
@@ -275,11 +277,11 @@ print(f"on torch {torch.__version__} ({dev.type}): SDPA accepts a float32 mask w
       "query here; the CUDA fused kernels of the thread check that they match")
 
 # %%
-# Under autocast, SDPA casts its query, key and value to the autocast dtype; a float mask is
-# an argument autocast leaves alone, and eager transformers code usually builds it from the
-# model's float32 dtype. The CUDA efficient-attention kernel requires the bias dtype to equal
-# the query's and raises; this CPU build's kernels do not run that check (labelled: not
-# reproduced here). The fix on every device: build the mask in the query's dtype
+# Under autocast, SDPA casts its query, key and value to the autocast dtype; a float mask is an
+# argument autocast leaves alone, and eager transformers code usually builds it from the model's
+# float32 dtype. The CUDA efficient-attention kernel requires the bias dtype to equal the query's
+# and raises (the thread's report from hardware); this CPU build's kernels do not run that check,
+# so it is not reproduced here. The fix on every device: build the mask in the query's dtype
 # (``mask.to(q.dtype)``), which gives the same result here, asserted above.
 
 # %%

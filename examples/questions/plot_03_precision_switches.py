@@ -58,13 +58,13 @@ print(f"on torch {torch.__version__}: the legacy calls write into the fp32_preci
       "raise no warning (the deprecation warning of 2.9 is gone)")
 
 # %%
-# Since 2.9 the state is one tree, ``torch.backends.fp32_precision`` with a child per
-# backend and op (``cuda.matmul``, ``cudnn.conv``, ``mkldnn.matmul``, ...), each ``"ieee"``,
-# ``"tf32"`` (or ``"bf16"`` on oneDNN) or ``"none"`` (inherit). The legacy flags are views on
-# it: ``allow_tf32`` writes ``cuda.matmul``, ``set_float32_matmul_precision('high')`` writes
-# the CUDA and the oneDNN matmul, so it also concerns CPUs with oneDNN. Set the tree directly
-# in new code, and only the tree (next answer). The whole tree, call by call:
-# :ref:`sphx_glr_docs_auto_examples_numerics_plot_04_switches.py`.
+# Since 2.9 the state is one tree, ``torch.backends.fp32_precision`` with a child per backend and
+# op (``cuda.matmul``, ``cudnn.conv``, ``mkldnn.matmul``, ...), each ``"ieee"``, ``"tf32"`` (or
+# ``"bf16"`` on oneDNN) or ``"none"`` (inherit). The legacy flags are views on it (the writes
+# above are read live): ``allow_tf32`` writes ``cuda.matmul``,
+# ``set_float32_matmul_precision('high')`` writes the CUDA and the oneDNN matmul, so it also
+# concerns CPUs with oneDNN. Set the tree directly in new code, and only the tree (next answer).
+# The whole tree, call by call: :ref:`sphx_glr_docs_auto_examples_numerics_plot_04_switches.py`.
 
 # %%
 # Why does reading allow_tf32 raise after I set fp32_precision?
@@ -120,10 +120,10 @@ if dev.type == "cpu":
           + "; ".join("changed " + ", ".join(e.changed) if e.changed else "no change" for e in effects))
 
 # %%
-# On CUDA ``'high'`` lets cuBLAS use TF32 tensor cores for float32 matmuls (a 10-bit
-# significand per product). On a CPU it sets oneDNN's matmul to TF32 or bf16, which only
-# changes results on processors with those instructions (AMX); the probe above says which
-# held on the machine that built this page. The errors of each mode, measured:
+# On CUDA hardware ``'high'`` lets cuBLAS use TF32 tensor cores for float32 matmuls (a 10-bit
+# significand per product; not checked on a CPU build). On a CPU it sets oneDNN's matmul to TF32
+# or bf16, which only changes results on processors with those instructions (AMX); the probe
+# above says which held on the machine that built this page. The errors of each mode, measured:
 # :ref:`sphx_glr_docs_auto_examples_numerics_plot_02_tf32_errors.py`.
 
 # %%

@@ -220,11 +220,12 @@ print(f"on torch {torch.__version__} ({dev.type}): {len(ran)} backend/dtype pair
 # %%
 # SDPA picks the first backend whose constraints the inputs meet (dtype, head size, mask,
 # device), so a change of mask, shape or dtype can move a model to another kernel. All keep
-# float32 accumulators, and they differ in the order of their sums and in where they round,
-# which is an error of the same order as the format's (the table). On a CPU the fused kernel
-# is a flash-style one; on CUDA the memory-efficient and cuDNN kernels run too (not on this
-# page). Pin one with ``torch.nn.attention.sdpa_kernel`` when comparing runs. The math
-# backend's float32 upcast: :ref:`sphx_glr_docs_auto_examples_questions_plot_03_precision_switches.py`.
+# float32 accumulators, and they differ in the order of their sums and in where they round, which
+# is an error of the same order as the format's (the table). On a CPU the fused kernel is a
+# flash-style one; on CUDA hardware the memory-efficient and cuDNN kernels run too (not on a CPU
+# build of this page). Pin one with ``torch.nn.attention.sdpa_kernel`` when comparing runs. The
+# math backend's float32 upcast:
+# :ref:`sphx_glr_docs_auto_examples_questions_plot_03_precision_switches.py`.
 
 # %%
 # How do I run one attention block in float32 under autocast?

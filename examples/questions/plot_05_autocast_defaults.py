@@ -35,7 +35,7 @@ device.describe(dev)
 # `AutoForge#55 <https://github.com/hvoss-tech/AutoForge/issues/55>`__ and
 # `ComfyUI-MochiWrapper#67 <https://github.com/kijai/ComfyUI-MochiWrapper/pull/67>`__, after
 # ``UserWarning: In CPU autocast, but the target dtype is not supported. Disabling autocast.``
-# (or ``In MPS autocast, ...``). We enter CPU autocast with each floating dtype:
+# (or ``In MPS autocast, ...``). We enter CPU autocast with each floating dtype, live:
 rows = []
 for dt in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
     on, said = device.accepts("cpu", dt)
@@ -54,12 +54,12 @@ print(f"on torch {torch.__version__}: CPU autocast accepts bfloat16 and float16 
       "2.5, #136082); any other dtype disables it with a warning, not an error")
 
 # %%
-# ``torch.autocast`` checks the dtype against a per-device list in Python when it is
-# entered: CPU bf16 and fp16, CUDA fp16 and bf16 (bf16 only where the GPU supports it), MPS
-# fp16 and bf16 on recent macOS (not present here, so not checked on this page). An
-# unsupported dtype does not raise: autocast warns and turns itself off, so the region runs
-# in whatever dtypes the tensors have. Check with ``torch.is_autocast_enabled(device_type)``
-# inside the region. The policy per op and device:
+# ``torch.autocast`` checks the dtype against a per-device list in Python when it is entered: CPU
+# bf16 and fp16, CUDA fp16 and bf16 (bf16 only where the GPU supports it), MPS fp16 and bf16 on
+# recent macOS. The CUDA and MPS lists need hardware, so this page checks only the CPU's. An
+# unsupported dtype does not raise: autocast warns and turns itself off, so the region runs in
+# whatever dtypes the tensors have. Check with ``torch.is_autocast_enabled(device_type)`` inside
+# the region. The policy per op and device:
 # :ref:`sphx_glr_docs_auto_examples_autocast_plot_02_policy_table.py`.
 
 # %%
@@ -94,10 +94,11 @@ print("a gradient of 1e-8 is 0 in fp16 and kept in bf16: fp16 autocast needs a G
 
 # %%
 # Each device type has its own default, ``torch.get_autocast_dtype(device_type)``: float16 on
-# CUDA (and MPS), bfloat16 on the CPU. Code written with ``torch.autocast("cuda")`` therefore
-# trains in fp16, where small gradients underflow (shown above) unless a ``GradScaler``
-# scales the loss. Pass ``dtype=torch.bfloat16`` explicitly, or keep the scaler. Loss
-# scaling in depth: :ref:`sphx_glr_docs_auto_examples_training_plot_01_loss_scaling.py`.
+# CUDA (simulated above where there is no GPU) and on MPS (not checked here), bfloat16 on the
+# CPU. Code written with ``torch.autocast("cuda")`` therefore trains in fp16, where small
+# gradients underflow (shown above) unless a ``GradScaler`` scales the loss. Pass
+# ``dtype=torch.bfloat16`` explicitly, or keep the scaler. Loss scaling in depth:
+# :ref:`sphx_glr_docs_auto_examples_training_plot_01_loss_scaling.py`.
 
 # %%
 # torch.cuda.amp.autocast is deprecated: what replaces it?
@@ -177,7 +178,8 @@ assert grads == {"float32 parameters under autocast": torch.float32,
 # `ColossalAI#6169 <https://github.com/hpcaitech/ColossalAI/issues/6169>`__ and
 # `sdnext#4459 <https://github.com/vladmandic/sdnext/issues/4459>`__:
 # ``RuntimeError: mat1 and mat2 must have the same dtype, but got Float and BFloat16`` (the
-# CUDA wording). A bf16 activation into a float32 ``Linear``, outside and inside autocast:
+# CUDA wording). A bf16 activation into a float32 ``Linear``, outside and inside autocast,
+# live on the CPU:
 weight = nn.Linear(4, 3)
 act = torch.randn(2, 4, dtype=torch.bfloat16)
 try:

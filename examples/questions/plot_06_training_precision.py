@@ -57,7 +57,7 @@ def one_step(params_dtype, scaler=None, lr=0.1):
 # `SAELens#723 <https://github.com/decoderesearch/SAELens/pull/723>`__, often after
 # ``RuntimeError: "_amp_foreach_non_finite_check_and_unscale_cuda" not implemented for
 # 'BFloat16'`` (a scaler meeting bf16 gradients on CUDA). The ranges, and one step with and
-# without a scaler under bf16 autocast:
+# without a scaler under bf16 autocast, live on this build's device:
 ranges = Table(
     ("dtype", "smallest normal", "largest"),
     tuple((str(dt).removeprefix("torch."), torch.finfo(dt).tiny, torch.finfo(dt).max)
@@ -75,12 +75,13 @@ print(f"on torch {torch.__version__} ({dev.type}): with bf16 autocast, the step 
       "GradScaler gives the same weights bit for bit as the step without")
 
 # %%
-# A scaler multiplies the loss by a power of two so that fp16 gradients, whose smallest
-# normal is 6.1e-05, do not flush to zero; bf16 has float32's exponent range, so nothing
-# underflows and the scaling (exact, a power of two) cancels: same weights, extra work, and
-# on CUDA an unscale kernel without a bf16 variant for bf16 *parameters* (the thread's error;
-# #194947 adds one). Fix: no scaler with bf16 (``GradScaler(enabled=False)`` keeps the code
-# path). Loss scaling in depth: :ref:`sphx_glr_docs_auto_examples_training_plot_01_loss_scaling.py`.
+# A scaler multiplies the loss by a power of two so that fp16 gradients, whose smallest normal is
+# 6.1e-05, do not flush to zero; bf16 has float32's exponent range, so nothing underflows and the
+# scaling (exact, a power of two) cancels: same weights, extra work, and on CUDA hardware (not
+# checked here) an unscale kernel without a bf16 variant for bf16 *parameters* (the thread's
+# error; #194947 adds one). Fix: no scaler with bf16 (``GradScaler(enabled=False)`` keeps the
+# code path). Loss scaling in depth:
+# :ref:`sphx_glr_docs_auto_examples_training_plot_01_loss_scaling.py`.
 
 # %%
 # Why does GradScaler raise Attempting to unscale FP16 gradients?
@@ -310,11 +311,11 @@ for target in ("cpu",):
 
 # %%
 # Built-in optimizers create their states like the parameter (``torch.zeros_like``), and
-# ``param.grad`` must have the parameter's dtype: float32 parameters get float32 states,
-# bf16 parameters bf16 states. Mixed layouts (float32 weights, bf16 moments) need states
-# created before the first step, which the fused CUDA Adam accepts (torchtitan's pre-hook),
-# or a custom optimizer; :class:`mpguide.training.loop.RoundedAdamW` keeps bf16 moments with
-# rounding under control. Every optimizer and dtype:
+# ``param.grad`` must have the parameter's dtype: float32 parameters get float32 states, bf16
+# parameters bf16 states. Mixed layouts (float32 weights, bf16 moments) need states created
+# before the first step, which the fused CUDA Adam accepts on hardware (torchtitan's pre-hook;
+# not checked here), or a custom optimizer; :class:`mpguide.training.loop.RoundedAdamW` keeps
+# bf16 moments with rounding under control. Every optimizer and dtype:
 # :ref:`sphx_glr_docs_auto_examples_training_plot_02_optimizer_precision.py`.
 
 # %%
