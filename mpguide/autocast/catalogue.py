@@ -183,7 +183,9 @@ def _op_db() -> list | None:
         argv, frozen = sys.argv, torch.backends.flags_frozen()
         try:
             sys.argv = argv[:1]  # its module reads the command line
-            importlib.import_module("torch.testing._internal.common_methods_invocations")
+            with warnings.catch_warnings():  # torch's test utilities warn without hypothesis
+                warnings.filterwarnings("ignore", "Fail to import hypothesis", ImportWarning)
+                importlib.import_module("torch.testing._internal.common_methods_invocations")
         except ImportError:
             return None
         finally:
