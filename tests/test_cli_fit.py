@@ -156,7 +156,12 @@ def test_graph_shows_what_was_asked_and_names_each_change(models, mpguide_main):
     )
     assert list(doc["graphs"]) == ["forward"]
     flow = doc["graphs"]["forward"]["flow"]
-    assert [(r["op"], r["change"]) for r in flow] == [("aten._to_copy", "conversion")]
+    # transformers builds Qwen2's mask another way on some torch releases (a comparison on
+    # 2.11): comparisons are labelled as such, and the one conversion is the only other row.
+    compared = [r for r in flow if r["op"].split(".")[1] in {"le", "lt", "ge", "gt", "eq", "ne"}]
+    assert all(r["change"] == "comparison" for r in compared)
+    rest = [(r["op"], r["change"]) for r in flow if r not in compared]
+    assert rest == [("aten._to_copy", "conversion")]
     both = mpguide_main(
         "graph", "models.py:logits", "--inputs", "i64[2,16]", "--backward", cwd=models
     )
