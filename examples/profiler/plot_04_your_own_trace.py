@@ -92,6 +92,7 @@ print(f"{len(plain)} casts in {own.name}")
 # met while nesting (overlapping or touching events, shared correlation ids, ...).
 import contextlib
 import io
+import re
 import shlex
 
 from mpguide.cli import main
@@ -109,14 +110,15 @@ def mpguide(command: str) -> str:
 
 
 shown = mpguide(f'tree {path} --op aten::linear --fields "Input Dims,Input type" --depth 1')
-assert "aten::linear  Input Dims: [[32, 256], [512, 256], [512]]" in shown
+# each node: its name, its duration, then the fields asked for
+assert re.search(r"aten::linear  [\d.]+ [µm]?s  Input Dims: \[\[32, 256\], \[512, 256\], \[512\]\]", shown)
 
 # %%
 # The cast report on the command line
 # -----------------------------------
 # ``casts`` prints a summary by cause (the default), ``--by module``, ``pair``, ``direction``
 # or ``pass``, one row per cast (``--by cast``), or the casts fused into kernels
-# (``--by fused``); ``--format`` is ``table``, ``json`` or ``csv`` (``markdown`` too).
+# (``--by fused``); ``--format`` is ``text``, ``json`` or ``csv`` (``markdown`` too).
 shown = mpguide(f"casts {path} --by cause")
 assert "aten::linear" in shown
 
