@@ -15,8 +15,6 @@ device under its autocast, so the dispatcher applies that device's real rules ov
 kernels and no kernel runs.
 """
 
-# sphinx_gallery_thumbnail_number = 1
-
 # %%
 # Setup
 # -----

@@ -196,6 +196,12 @@ def _op_db() -> list | None:
     return sys.modules["torch.testing._internal.common_methods_invocations"].op_db
 
 
+def has_samples() -> bool:
+    """Whether torch's OpInfo samples can be imported here (they need ``expecttest``); without
+    them every op takes its hand-written call, or none."""
+    return _op_db() is not None
+
+
 def _n_floats(value) -> int:
     leaves = torch.utils._pytree.tree_leaves(value)
     return sum(isinstance(x, torch.Tensor) and x.is_floating_point() for x in leaves)

@@ -167,8 +167,13 @@ class History:
     def provenance(self) -> Table:
         """Where each recording was made."""
         keys = ("torch", "build", "python", "machine", "date", "command")
+        commands = {d["provenance"]["command"] for d in self.docs}
+        if len(commands) == 1:  # said once, under the table, so the table fits a page
+            keys = keys[:-1]
         rows = tuple(tuple(d["provenance"][k] for k in keys) for d in self.docs)
-        return Table(keys, rows, f"{len(self.docs)} releases, one recording each, oldest first")
+        notes = [f"each made by: {next(iter(commands))}"] if len(commands) == 1 else []
+        caption = f"{len(self.docs)} releases, one recording each, oldest first"
+        return Table(keys, rows, caption, notes)
 
     def counts(self) -> Table:
         """Per step and group: how many rows changed and how many stayed the same."""

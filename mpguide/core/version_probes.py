@@ -201,6 +201,13 @@ def facts(names: tuple[str, ...] | None = None) -> dict[str, str]:
 def record(command: str, groups: tuple[str, ...] = GROUPS) -> dict:
     """The whole recording of the running torch (switches first, before anything changes
     them)."""
+    from mpguide.autocast import catalogue
+
+    if "autocast" in groups and not catalogue.has_samples():
+        raise MPGuideError(
+            "recording the autocast policy needs torch's OpInfo samples, which import only with "
+            "expecttest: pip install expecttest (recordings made without them would differ)"
+        )
     doc: dict[str, Any] = {"schema": SCHEMA, "provenance": provenance(command)}
     for group in groups:
         doc[group] = {"switches": switches, "facts": facts, "autocast": autocast}[group]()
@@ -413,7 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "mpguide.core.version_probes", *(argv or sys.argv[1:])])
-    doc = dumps(record(command, tuple(args.only or GROUPS)))
+    try:
+        doc = dumps(record(command, tuple(args.only or GROUPS)))
+    except MPGuideError as err:
+        print(f"version_probes: error: {err}", file=sys.stderr)
+        return 2
     if args.out is None:
         print(doc)
         return 0
