@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from mpguide.precision.numerics import KSweep, MatmulErrors
     from mpguide.traces.calltree import Node
     from mpguide.traces.casts import CastReport
-    from mpguide.training import loop
+    from mpguide.training import distributed, grad_sums, loop, norm_layers
     from mpguide.training.autograd import DtypeLog
     from mpguide.training.master_weights import Curve
 
@@ -939,7 +939,7 @@ def training_runs(runs: loop.Runs, *, unchanged: bool = False, title: str = "") 
 # --- Training chapter: layers with state, recompute, communication ---
 
 
-def running_means(result: loop.RunningMeans, *, title: str = "") -> Figure:
+def running_means(result: norm_layers.RunningMeans, *, title: str = "") -> Figure:
     """The running mean a BatchNorm kept after each step, one line per buffer dtype coloured
     as that dtype, the mean it was fed dashed, and a dot where each line stopped moving."""
     import matplotlib.pyplot as plt
@@ -972,7 +972,7 @@ def running_means(result: loop.RunningMeans, *, title: str = "") -> Figure:
     return fig
 
 
-def sum_errors(sweep: loop.Sweep, *, title: str = "") -> Figure:
+def sum_errors(sweep: grad_sums.Sweep, *, title: str = "") -> Figure:
     """The error of a summed gradient against the count of contributions (log axis), one line
     per way of summing; the error axis is linear near zero, where exact sums sit."""
     import matplotlib.pyplot as plt
@@ -994,8 +994,8 @@ def sum_errors(sweep: loop.Sweep, *, title: str = "") -> Figure:
     return fig
 
 
-def communication_costs(result: loop.Communication, *, title: str = "") -> Figure:
-    """Per setup of a :class:`~mpguide.training.loop.Communication`: the bytes handed to the
+def communication_costs(result: distributed.Communication, *, title: str = "") -> Figure:
+    """Per setup of a :class:`~mpguide.training.distributed.Communication`: the bytes handed to the
     collectives in one step, split by dtype and coloured as the dtype (left), and the
     error communication added to the gradient at each loss scale (right, log axis, ``0``
     written where it added none)."""

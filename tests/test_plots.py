@@ -517,10 +517,10 @@ def test_training_runs_draw_losses_differences_and_unchanged_shares():
 
 
 def test_running_means_draws_a_line_per_buffer_dtype_and_marks_where_it_stopped():
-    from mpguide.training import loop
+    from mpguide.training import norm_layers
 
     bf16 = torch.bfloat16
-    means = loop.RunningMeans(
+    means = norm_layers.RunningMeans(
         3.0, 0.1, "cpu", ((torch.float32, (1.0, 2.0, 2.9, 2.99)), (bf16, (1.0, 2.0, 2.5, 2.5)))
     )
     fig = plots.running_means(means, title="means")
@@ -546,9 +546,9 @@ def _stats(*values):
 
 
 def test_sum_errors_draws_each_way_against_the_count():
-    from mpguide.training import loop
+    from mpguide.training import grad_sums
 
-    sweep = loop.Sweep(
+    sweep = grad_sums.Sweep(
         "a sum", "terms", (1, 4, 16), ("exact", "rounded"), (_stats(0, 0, 0), _stats(0, 0.1, 0.3))
     )
     fig = plots.sum_errors(sweep)
@@ -558,30 +558,30 @@ def test_sum_errors_draws_each_way_against_the_count():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["exact", "rounded"]
     assert (ax.get_xscale(), ax.get_yscale(), ax.get_xlabel()) == ("log", "symlog", "terms")
     assert fig.get_suptitle() == "a sum"
-    many = loop.Sweep("x", "n", (1,), tuple("abcdefg"), tuple(_stats(0) for _ in range(7)))
+    many = grad_sums.Sweep("x", "n", (1,), tuple("abcdefg"), tuple(_stats(0) for _ in range(7)))
     with pytest.raises(MPGuideError, match="at most 6 ways, got 7"):
         plots.sum_errors(many)
     plt.close("all")
 
 
 def test_communication_costs_split_bytes_by_dtype_and_write_each_error():
-    from mpguide.training import loop
+    from mpguide.training import distributed
 
     bf16, f32 = torch.bfloat16, torch.float32
     gather, scatter = "c10d._allgather_base_", "c10d._reduce_scatter_base_"
 
     def run(setup, scale, collectives, error):
-        return loop.CommRun(
+        return distributed.CommRun(
             setup, scale, collectives, f32, bf16, _stats(error)[0], _stats(error)[0], 0.0, True
         )
 
     sharded = (
-        loop.Collective(gather, bf16, 100),
-        loop.Collective(scatter, f32, 300),
-        loop.Collective(gather, bf16, 100),
+        distributed.Collective(gather, bf16, 100),
+        distributed.Collective(scatter, f32, 300),
+        distributed.Collective(gather, bf16, 100),
     )
-    plain = (loop.Collective("c10d.allreduce_", f32, 400),)
-    comm = loop.Communication(
+    plain = (distributed.Collective("c10d.allreduce_", f32, 400),)
+    comm = distributed.Communication(
         2,
         100,
         (
@@ -605,7 +605,7 @@ def test_communication_costs_split_bytes_by_dtype_and_write_each_error():
     assert right.get_xscale() == "log"
     scales = tuple(run("DDP", 2.0**-i, plain, 0.0) for i in range(7))
     with pytest.raises(MPGuideError, match="at most 6 scales, got 7"):
-        plots.communication_costs(loop.Communication(2, 100, scales))
+        plots.communication_costs(distributed.Communication(2, 100, scales))
     plt.close("all")
 
 

@@ -1,4 +1,5 @@
-"""Tests of mpguide.training.loop."""
+"""Tests of the training loop's modules: mpguide.training.loss_scaling, optimizers, loop,
+norm_layers, grad_sums and distributed."""
 
 import json
 import math
@@ -9,7 +10,14 @@ from torch import nn
 
 from mpguide import MPGuideError
 from mpguide.autocast import device
-from mpguide.training import loop
+from mpguide.training import (
+    distributed,
+    grad_sums,
+    loop,
+    loss_scaling,
+    norm_layers,
+    optimizers,
+)
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
@@ -18,7 +26,7 @@ BF16, FP16 = torch.bfloat16, torch.float16
 
 def test_landing_sorts_values_by_where_they_land():
     values = torch.tensor([2.0**-30, 2.0**-20, 1.0, 1e5, 0.0, -(2.0**-20)])
-    plain = loop.landing(values, "fp16")
+    plain = loss_scaling.landing(values, "fp16")
     assert (plain.values, plain.flushed, plain.subnormal, plain.normal, plain.overflow) == (
         5,
         1,
@@ -27,11 +35,11 @@ def test_landing_sorts_values_by_where_they_land():
         1,
     )
     assert plain.share("subnormal") == 2 / 5
-    scaled = loop.landing(values, FP16, 2.0**16)
+    scaled = loss_scaling.landing(values, FP16, 2.0**16)
     assert (scaled.flushed, scaled.subnormal, scaled.normal, scaled.overflow) == (0, 0, 3, 2)
-    bf16 = loop.landing(values, BF16, 2.0**16)
+    bf16 = loss_scaling.landing(values, BF16, 2.0**16)
     assert bf16.normal == bf16.values == 5
-    table = loop.landing_table([plain, scaled])
+    table = loss_scaling.landing_table([plain, scaled])
     assert table.column("scale") == ["2**0", "2**16"]
     assert table.column("flushed") == ["20.00%", "0.00%"]
     assert "5 values x 1 in float16: 20.00% flushed" in repr(plain)
@@ -48,9 +56,9 @@ def test_landing_sorts_values_by_where_they_land():
 )
 def test_landing_refuses_bad_input(args, message):
     with pytest.raises(MPGuideError, match=message):
-        loop.landing(*args)
+        loss_scaling.landing(*args)
     with pytest.raises(MPGuideError, match="unknown outcome"):
-        loop.landing(torch.ones(2), "bf16").share("lost")
+        loss_scaling.landing(torch.ones(2), "bf16").share("lost")
 
 
 def _confident_classifier():
@@ -69,7 +77,7 @@ def _confident_classifier():
 
 def test_gradients_read_parameters_and_activations_and_fp16_flushes_them():
     model, x, y = _confident_classifier()
-    ref = loop.gradients(model, x, y)
+    ref = loss_scaling.gradients(model, x, y)
     loss = nn.functional.cross_entropy(model(x), y)
     expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
     assert torch.equal(ref.parameters, expected)
@@ -78,32 +86,32 @@ def test_gradients_read_parameters_and_activations_and_fp16_flushes_them():
     assert all(p.grad is None for p in model.parameters())
     assert not model[0]._forward_hooks
 
-    fp16 = loop.gradients(model, x, y, "fp16")
+    fp16 = loss_scaling.gradients(model, x, y, "fp16")
     assert fp16.activation_dtype == FP16
     params_lost, acts_lost = fp16.flushed(ref)
     assert acts_lost > 0.5 and params_lost > 0
-    scaled = loop.gradients(model, x, y, "fp16", 2.0**16)
+    scaled = loss_scaling.gradients(model, x, y, "fp16", 2.0**16)
     assert scaled.flushed(ref)[1] == 0.0 and scaled.scale == 2.0**16
-    assert loop.gradients(model, x, y, "bf16").flushed(ref)[1] == 0.0
+    assert loss_scaling.gradients(model, x, y, "bf16").flushed(ref)[1] == 0.0
     assert repr(scaled).startswith("autocast f16, loss x 65536: 250 parameter gradients")
 
 
 def test_gradients_refuse_bad_input():
     model, x, y = _confident_classifier()
     with pytest.raises(MPGuideError, match="positive finite"):
-        loop.gradients(model, x, y, scale=-1.0)
+        loss_scaling.gradients(model, x, y, scale=-1.0)
     with pytest.raises(MPGuideError, match="autocast takes"):
-        loop.gradients(model, x, y, "float32")
+        loss_scaling.gradients(model, x, y, "float32")
     with pytest.raises(MPGuideError, match=r"no nn\.Linear"):
-        loop.gradients(nn.Sequential(nn.Identity()), x, y)
-    other = loop.gradients(nn.Sequential(nn.Linear(4, 3)), x, y)
+        loss_scaling.gradients(nn.Sequential(nn.Identity()), x, y)
+    other = loss_scaling.gradients(nn.Sequential(nn.Linear(4, 3)), x, y)
     with pytest.raises(MPGuideError, match="another model"):
-        loop.gradients(model, x, y).flushed(other)
+        loss_scaling.gradients(model, x, y).flushed(other)
 
 
 def test_scale_schedule_follows_the_rule_and_torch_gradscaler():
     pattern = [True, True, False, False, False, True, False, False, False]
-    scales = loop.scale_schedule(pattern, init_scale=8.0, growth_interval=2)
+    scales = loss_scaling.scale_schedule(pattern, init_scale=8.0, growth_interval=2)
     assert scales == (8.0, 4.0, 2.0, 2.0, 4.0, 4.0, 2.0, 2.0, 4.0)
     p = nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([p], lr=0.1)
@@ -131,29 +139,29 @@ def test_scale_schedule_follows_the_rule_and_torch_gradscaler():
 )
 def test_scale_schedule_refuses_bad_settings(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        loop.scale_schedule([False], **kwargs)
+        loss_scaling.scale_schedule([False], **kwargs)
 
 
 def test_stochastic_round_picks_a_neighbour_with_the_right_odds():
     exact = torch.tensor([1.0, -2.5, 0.0, 3.0e38]).to(BF16).float()
-    assert torch.equal(loop.stochastic_round(exact).float(), exact)
+    assert torch.equal(optimizers.stochastic_round(exact).float(), exact)
     special = torch.tensor([math.inf, -math.inf, math.nan])
-    out = loop.stochastic_round(special).float()
+    out = optimizers.stochastic_round(special).float()
     assert out[0] == math.inf and out[1] == -math.inf and out[2].isnan()
 
     gen = torch.Generator().manual_seed(0)
     for sign in (1.0, -1.0):
         x = torch.full((40000,), sign * (1 + 2**-9))  # a quarter of the way to the next bf16
-        r = loop.stochastic_round(x, gen)
+        r = optimizers.stochastic_round(x, gen)
         assert r.dtype == BF16
         assert set(r.float().unique().tolist()) == {sign * 1.0, sign * (1 + 2**-7)}
         up = ((r.float() - sign).abs() > 0).float().mean().item()
         assert abs(up - 0.25) < 4 * math.sqrt(0.25 * 0.75 / x.numel())
         assert abs(r.float().mean().item() - sign * (1 + 2**-9)) < 1e-4
-    same = [loop.stochastic_round(x, torch.Generator().manual_seed(3)) for _ in range(2)]
+    same = [optimizers.stochastic_round(x, torch.Generator().manual_seed(3)) for _ in range(2)]
     assert torch.equal(*same)
     with pytest.raises(MPGuideError, match="needs a float32 tensor"):
-        loop.stochastic_round(x.double())
+        optimizers.stochastic_round(x.double())
 
 
 def test_kahan_add_keeps_what_rounding_dropped():
@@ -161,35 +169,35 @@ def test_kahan_add_keeps_what_rounding_dropped():
     for comp_dtype, tolerance in ((torch.float32, 1e-5), (BF16, 5e-3)):
         w, comp = torch.ones(3, dtype=BF16), torch.zeros(3, dtype=comp_dtype)
         for _ in range(1000):
-            loop.kahan_add_(w, comp, torch.full((3,), 1e-4))
+            optimizers.kahan_add_(w, comp, torch.full((3,), 1e-4))
         # A bf16 compensation rounds too: it keeps most, not all, of what the weight dropped.
         assert ((w.float() + comp.float()) - exact).abs().max() < tolerance
         assert (w.float() - exact).abs().max() <= 2**-7
     with pytest.raises(MPGuideError, match="compensation has shape"):
-        loop.kahan_add_(w, torch.zeros(2, dtype=BF16), torch.ones(3))
+        optimizers.kahan_add_(w, torch.zeros(2, dtype=BF16), torch.ones(3))
 
 
 def test_rounded_add_and_accumulate():
     w = torch.ones(4, dtype=BF16)
-    loop.rounded_add_(w, torch.full((4,), 3e-3))
+    optimizers.rounded_add_(w, torch.full((4,), 3e-3))
     assert torch.equal(w, torch.full((4,), 1 + 3e-3).to(BF16))
     with pytest.raises(MPGuideError, match="unknown rounding"):
-        loop.rounded_add_(w, torch.ones(4), "down")
+        optimizers.rounded_add_(w, torch.ones(4), "down")
     with pytest.raises(MPGuideError, match="needs a compensation"):
-        loop.rounded_add_(w, torch.ones(4), "kahan")
+        optimizers.rounded_add_(w, torch.ones(4), "kahan")
     with pytest.raises(MPGuideError, match="writes bfloat16 weights"):
-        loop.rounded_add_(torch.ones(4, dtype=FP16), torch.ones(4), "stochastic")
+        optimizers.rounded_add_(torch.ones(4, dtype=FP16), torch.ones(4), "stochastic")
 
     start = torch.ones(64, dtype=BF16)
-    nearest = loop.accumulate(start, 1e-4, 50)
+    nearest = optimizers.accumulate(start, 1e-4, 50)
     assert nearest.shape == (51, 64) and nearest.dtype == torch.float32
     assert (nearest == 1.0).all()
-    f32 = loop.accumulate(start.float(), 1e-4, 50)
+    f32 = optimizers.accumulate(start.float(), 1e-4, 50)
     assert abs(f32[-1, 0].item() - 1.005) < 1e-6
-    sr = loop.accumulate(start, 1e-4, 50, "stochastic", torch.Generator().manual_seed(0))
+    sr = optimizers.accumulate(start, 1e-4, 50, "stochastic", torch.Generator().manual_seed(0))
     assert (sr[-1] > 1.0).any() and torch.equal(sr[0], start.float())
     with pytest.raises(MPGuideError, match="steps must be"):
-        loop.accumulate(start, 1e-4, 0)
+        optimizers.accumulate(start, 1e-4, 0)
 
 
 def _two_params(dtype):
@@ -213,7 +221,7 @@ def _step_both(opts, params_sets, steps=5):
 def test_rounded_adamw_is_torch_adamw_on_float32_weights():
     ours, theirs = _two_params(torch.float32), _two_params(torch.float32)
     opts = [
-        loop.RoundedAdamW(ours, lr=1e-2, weight_decay=0.1),
+        optimizers.RoundedAdamW(ours, lr=1e-2, weight_decay=0.1),
         torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, foreach=False),
     ]
     _step_both(opts, [ours, theirs])
@@ -223,12 +231,12 @@ def test_rounded_adamw_is_torch_adamw_on_float32_weights():
             assert torch.equal(opts[0].state[a][key], opts[1].state[b][key])
 
 
-@pytest.mark.parametrize("rounding", loop.ROUNDINGS)
+@pytest.mark.parametrize("rounding", optimizers.ROUNDINGS)
 def test_rounded_adamw_keeps_bf16_weights_and_states(rounding):
     gen = torch.Generator().manual_seed(2)
     ours, ref = _two_params(BF16), _two_params(torch.float32)
     opts = [
-        loop.RoundedAdamW(ours, lr=1e-3, rounding=rounding, generator=gen),
+        optimizers.RoundedAdamW(ours, lr=1e-3, rounding=rounding, generator=gen),
         torch.optim.AdamW(ref, lr=1e-3),
     ]
     _step_both(opts, [ours, ref], steps=3)
@@ -242,15 +250,15 @@ def test_rounded_adamw_keeps_bf16_weights_and_states(rounding):
 
 def test_rounded_adamw_refuses_bad_input():
     with pytest.raises(MPGuideError, match="unknown rounding"):
-        loop.RoundedAdamW(_two_params(BF16), rounding="up")
+        optimizers.RoundedAdamW(_two_params(BF16), rounding="up")
     with pytest.raises(MPGuideError, match="writes bfloat16 weights, not float32"):
-        loop.RoundedAdamW(_two_params(torch.float32), rounding="stochastic")
+        optimizers.RoundedAdamW(_two_params(torch.float32), rounding="stochastic")
     with pytest.raises(MPGuideError, match="no closure"):
-        loop.RoundedAdamW(_two_params(BF16)).step(lambda: 0.0)
+        optimizers.RoundedAdamW(_two_params(BF16)).step(lambda: 0.0)
 
 
 def test_optimizer_states_follow_the_weights_on_cpu_and_simulated_cuda():
-    states = loop.optimizer_states(
+    states = optimizers.optimizer_states(
         ("AdamW", "SGD(momentum=0.9, fused=True)"), ("fp32", "bf16"), ("cpu", "cuda")
     )
     cpu = states.get("AdamW", "bf16", "cpu")
@@ -282,7 +290,7 @@ def test_optimizer_states_follow_the_weights_on_cpu_and_simulated_cuda():
     with pytest.raises(MPGuideError, match="no result for AdamW with float16"):
         states.get("AdamW", "fp16", "cpu")
     with pytest.raises(MPGuideError, match="unknown optimizer 'Lion'"):
-        loop.optimizer_states(("Lion",))
+        optimizers.optimizer_states(("Lion",))
 
 
 def test_char_task_batches_and_model():
@@ -356,7 +364,7 @@ def test_train_runs_recipes_in_lockstep(runs):
     assert fp32.evals[0][1] == fp16.evals[0][1]  # same initial weights
     assert abs(bf16.evals[0][1] - fp32.evals[0][1]) < 1e-2
     assert len(fp32.losses) == len(fp32.latency.times) == 6 and fp32.scales == ()
-    assert fp16.scales == loop.scale_schedule(fp16.found_inf, 2.0**24, 2)
+    assert fp16.scales == loss_scaling.scale_schedule(fp16.found_inf, 2.0**24, 2)
     assert fp16.skipped == tuple(i for i, inf in enumerate(fp16.found_inf) if inf)
     assert fp16.found_inf[0] and fp16.skipped[0] == 0
     assert (
@@ -403,7 +411,7 @@ FP32 = torch.float32
 
 
 def test_norms_follow_each_devices_autocast():
-    norms = loop.norms("bf16", devices=("cpu", "cuda"), layers=("BatchNorm1d", "LayerNorm"))
+    norms = norm_layers.norms("bf16", devices=("cpu", "cuda"), layers=("BatchNorm1d", "LayerNorm"))
     bn, ln = norms["BatchNorm1d", "cpu"], norms["LayerNorm", "cpu"]
     assert (bn.computes, bn.out, bn.keeps, bn.casts) == (BF16, BF16, FP32, ())
     assert (ln.computes, ln.out, ln.keeps, ln.casts) == (BF16, BF16, None, ())
@@ -419,7 +427,7 @@ def test_norms_follow_each_devices_autocast():
 
 
 def test_norms_keep_the_warning_of_a_decomposed_rmsnorm():
-    rms = loop.norms(FP16, devices=("cpu",), layers=("RMSNorm",))["RMSNorm", "cpu"]
+    rms = norm_layers.norms(FP16, devices=("cpu",), layers=("RMSNorm",))["RMSNorm", "cpu"]
     assert rms.given == FP16 and (rms.computes, rms.out) == (FP32, FP16)
     assert rms.casts == ((FP16, FP32), (FP32, FP16))
     assert "Cannot dispatch to fused implementation" in rms.warning
@@ -437,11 +445,11 @@ def test_norms_keep_the_warning_of_a_decomposed_rmsnorm():
 )
 def test_norms_reject_bad_input(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        loop.norms(**kwargs)
+        norm_layers.norms(**kwargs)
 
 
 def test_running_means_stop_short_in_low_precision():
-    means = loop.running_means(("float32", "bf16"), steps=60, mean=3.0, dev="cpu")
+    means = norm_layers.running_means(("float32", "bf16"), steps=60, mean=3.0, dev="cpu")
     assert means.buffers == (FP32, BF16)
     assert len(means.trace("float32")) == 60
     assert means.gap(FP32) < 1e-2 < means.gap(BF16)
@@ -454,7 +462,9 @@ def test_running_means_stop_short_in_low_precision():
 
 
 def test_running_means_settled_at_reads_the_trace():
-    means = loop.RunningMeans(3.0, 0.1, "cpu", ((FP32, (1.0, 2.0, 2.5)), (BF16, (1.0, 2.0, 2.0))))
+    means = norm_layers.RunningMeans(
+        3.0, 0.1, "cpu", ((FP32, (1.0, 2.0, 2.5)), (BF16, (1.0, 2.0, 2.0)))
+    )
     assert means.settled_at(FP32) is None and means.settled_at(BF16) == 1
     assert means.gap(BF16) == 1.0
     assert means.table().column("stopped moving at step") == ["still moving", 1]
@@ -471,11 +481,11 @@ def test_running_means_settled_at_reads_the_trace():
 )
 def test_running_means_reject_bad_input(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        loop.running_means(**kwargs)
+        norm_layers.running_means(**kwargs)
 
 
 def test_embedding_grads_lose_precision_in_a_bf16_table():
-    sums = loop.embedding_grads((1, 64, 1024), ("float32", "bfloat16"), dev="cpu")
+    sums = grad_sums.embedding_grads((1, 64, 1024), ("float32", "bfloat16"), dev="cpu")
     assert sums.ways == ("float32 table", "bfloat16 table") and sums.counts == (1, 64, 1024)
     f32, bf16 = sums.errors("float32 table"), sums.errors("bfloat16 table")
     assert f32[0] == bf16[0] == 0
@@ -488,31 +498,31 @@ def test_embedding_grads_lose_precision_in_a_bf16_table():
 @pytest.mark.parametrize("counts", [(), (0, 1), (4, 2), (2, 2)])
 def test_sweeps_reject_counts_that_do_not_increase(counts):
     with pytest.raises(MPGuideError, match="counts must be increasing positive integers"):
-        loop.embedding_grads(counts)
+        grad_sums.embedding_grads(counts)
     with pytest.raises(MPGuideError, match="counts must be increasing positive integers"):
-        loop.grad_accumulation(counts)
+        grad_sums.grad_accumulation(counts)
 
 
 def test_grad_accumulation_drifts_only_in_a_bf16_grad():
-    sweep = loop.grad_accumulation((1, 8, 32), dev="cpu")
-    assert sweep.ways == loop.GRAD_ACCUMULATION
-    f32, bf16, kept = (sweep.errors(w) for w in loop.GRAD_ACCUMULATION)
+    sweep = grad_sums.grad_accumulation((1, 8, 32), dev="cpu")
+    assert sweep.ways == grad_sums.GRAD_ACCUMULATION
+    f32, bf16, kept = (sweep.errors(w) for w in grad_sums.GRAD_ACCUMULATION)
     assert max(f32) < 2**-20 and max(kept) < 2**-20
     assert bf16[0] == 0 and bf16[2] > 1e-3
-    only = loop.grad_accumulation((2,), ways=(loop.GRAD_ACCUMULATION[1],), dev="cpu")
-    assert only.ways == (loop.GRAD_ACCUMULATION[1],) and len(only.stats[0]) == 1
+    only = grad_sums.grad_accumulation((2,), ways=(grad_sums.GRAD_ACCUMULATION[1],), dev="cpu")
+    assert only.ways == (grad_sums.GRAD_ACCUMULATION[1],) and len(only.stats[0]) == 1
     with pytest.raises(MPGuideError, match="unknown way 'float16 parameter'"):
-        loop.grad_accumulation(ways=("float16 parameter",))
+        grad_sums.grad_accumulation(ways=("float16 parameter",))
 
 
 def test_process_group_is_gone_after_the_block():
     import torch.distributed as dist
 
-    with loop.process_group():
+    with distributed.process_group():
         assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
         with (
             pytest.raises(MPGuideError, match="already has a process group"),
-            loop.process_group(),
+            distributed.process_group(),
         ):
             pass
         assert dist.is_initialized()
@@ -528,12 +538,12 @@ def test_process_group_is_gone_after_the_block():
     ],
 )
 def test_process_group_rejects_bad_input(kwargs, message):
-    with pytest.raises(MPGuideError, match=message), loop.process_group(**kwargs):
+    with pytest.raises(MPGuideError, match=message), distributed.process_group(**kwargs):
         pass
 
 
 def test_communication_in_two_processes():
-    comm = loop.communication(
+    comm = distributed.communication(
         2, ("DDP, fp16_compress_hook", "FSDP2, param bf16, reduce bf16"), scales=(1.0, 1e-7)
     )
     assert comm.world_size == 2 and comm.scales == (1.0, 1e-7)
@@ -563,14 +573,14 @@ def test_communication_in_two_processes():
 )
 def test_communication_rejects_bad_input(kwargs, message):
     with pytest.raises(MPGuideError, match=message):
-        loop.communication(**kwargs)
+        distributed.communication(**kwargs)
 
 
 def test_a_failing_rank_is_reported_in_one_line():
     with pytest.raises(RuntimeError, match=r"rank 0 failed: KeyError: 'no such setup'"):
-        loop._run_ranks(1, json.dumps([["no such setup", 1.0]]), timeout=120)
+        distributed._run_ranks(1, json.dumps([["no such setup", 1.0]]), timeout=120)
 
 
 def test_ranks_past_the_timeout_are_killed():
     with pytest.raises(RuntimeError, match=r"the ranks did not finish in 0\.01 s"):
-        loop._run_ranks(1, json.dumps([["DDP", 1.0]]), timeout=0.01)
+        distributed._run_ranks(1, json.dumps([["DDP", 1.0]]), timeout=0.01)

@@ -22,7 +22,7 @@ from torch import nn
 
 from mpguide.autocast import device
 from mpguide.core.table import Table
-from mpguide.training import loop, master_weights
+from mpguide.training import master_weights, optimizers
 
 dev = device.pick()
 device.describe(dev)
@@ -209,8 +209,8 @@ print(f"after {steps} steps: bf16 weights still {master['bf16 weights']}, float3
 # back to the same weight: with a learning rate of 1e-3 the bf16 weights never move, and the
 # float32 copy does. That is the convergence gap of the threads. Master weights cost 4 bytes
 # per parameter more; the alternatives that keep bf16 weights are stochastic rounding and
-# Kahan summation (:func:`mpguide.training.loop.stochastic_round`,
-# :func:`mpguide.training.loop.kahan_add_`). In depth:
+# Kahan summation (:func:`mpguide.training.optimizers.stochastic_round`,
+# :func:`mpguide.training.optimizers.kahan_add_`). In depth:
 # :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`.
 
 # %%
@@ -300,7 +300,7 @@ assert autocast_loss.dtype == torch.float32
 # `#1465 <https://github.com/NVIDIA/TransformerEngine/pull/1465>`__ /
 # `#1640 <https://github.com/NVIDIA/TransformerEngine/pull/1640>`__. The states AdamW keeps
 # after one step, for float32 and bf16 parameters (CUDA simulated where absent):
-states = loop.optimizer_states(("AdamW", "AdamW(fused=True)"), ("float32", "bfloat16"))
+states = optimizers.optimizer_states(("AdamW", "AdamW(fused=True)"), ("float32", "bfloat16"))
 states
 
 # %%
@@ -314,8 +314,9 @@ for target in ("cpu",):
 # ``param.grad`` must have the parameter's dtype: float32 parameters get float32 states, bf16
 # parameters bf16 states. Mixed layouts (float32 weights, bf16 moments) need states created
 # before the first step, which the fused CUDA Adam accepts on hardware (torchtitan's pre-hook;
-# not checked here), or a custom optimizer; :class:`mpguide.training.loop.RoundedAdamW` keeps
-# bf16 moments with rounding under control. Every optimizer and dtype:
+# not checked here), or a custom optimizer;
+# :class:`mpguide.training.optimizers.RoundedAdamW` keeps bf16 moments with rounding under
+# control. Every optimizer and dtype:
 # :ref:`sphx_glr_docs_auto_examples_training_plot_02_optimizer_precision.py`.
 
 # %%

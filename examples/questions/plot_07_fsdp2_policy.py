@@ -21,7 +21,7 @@ from mpguide import error_line
 from mpguide.autocast import device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
-from mpguide.training import loop
+from mpguide.training import distributed
 
 device.describe("cpu")
 bf16, f32 = torch.bfloat16, torch.float32
@@ -66,7 +66,7 @@ policies = {
     "param bf16, reduce float32": MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32),
     "param bf16, output float32": MixedPrecisionPolicy(param_dtype=bf16, output_dtype=f32),
 }
-with loop.process_group():
+with distributed.process_group():
     facts = {name: step(policy) for name, policy in policies.items()}
 runs = Table(("policy", *next(iter(facts.values()))),
              tuple((name, *f.values()) for name, f in facts.items()),
@@ -178,7 +178,7 @@ def per_layer(block):
     fully_shard(block.wo)
 
 
-with loop.process_group():
+with distributed.process_group():
     groups = {"one group for both layers": first_step(fully_shard),
               "one group per layer": first_step(per_layer)}
 groups

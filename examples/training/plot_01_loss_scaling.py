@@ -15,14 +15,14 @@ bf16 has float32's exponent range and loses none.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
-# the CPU. This torch runs fp16 autocast on the CPU as well.
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# else the CPU. This torch runs fp16 autocast on the CPU as well.
 import torch
 
 from mpguide.autocast import device
 from mpguide.core.table import Table
 from mpguide.precision import formats
-from mpguide.training import loop
+from mpguide.training import loop, loss_scaling
 
 dev = device.pick()
 device.describe(dev)
@@ -53,34 +53,35 @@ assert fp16_fmt.max == 65504
 # The task: predict the next character of the source of ``torch/optim/optimizer.py`` from the
 # eight before it, with a small MLP (:func:`mpguide.training.loop.char_task`). We train it in
 # float32 for 200 steps (:func:`mpguide.training.loop.train`), then take the gradients of one
-# batch of 256 windows in float32 (:func:`mpguide.training.loop.gradients`): of the parameters, and
-# of the output of each ``Linear`` layer, the activation gradients autocast computes in its
-# low-precision dtype.
+# batch of 256 windows in float32 (:func:`mpguide.training.loss_scaling.gradients`): of the
+# parameters, and of the output of each ``Linear`` layer, the activation gradients autocast computes
+# in its low-precision dtype.
 task = loop.char_task()
 print(task)
 trained = loop.train(["fp32"], task, steps=200, dev=dev)["fp32"]
 print(trained)
 x, y = task.batch(256, torch.Generator(device=dev).manual_seed(1))
-ref = loop.gradients(trained.model, x, y)
+ref = loss_scaling.gradients(trained.model, x, y)
 ref
 
 # %%
 # Where those float32 gradients land when cast to fp16 and bf16, as they are and multiplied by
-# a loss scale of ``2**16`` (:func:`mpguide.training.loop.landing`; a power of two scales exactly):
+# a loss scale of ``2**16`` (:func:`mpguide.training.loss_scaling.landing`; a power of two scales
+# exactly):
 SCALE = 2.0**16
 landings = {
-    (kind, dt, s): loop.landing(getattr(ref, kind), dt, s)
+    (kind, dt, s): loss_scaling.landing(getattr(ref, kind), dt, s)
     for kind in ("activations", "parameters")
     for dt in (FP16, BF16)
     for s in (1.0, SCALE)
 }
-loop.landing_table(
+loss_scaling.landing_table(
     [v for (kind, _, _), v in landings.items() if kind == "activations"],
     f"activation gradients of one batch, {device.LIVE} ({dev.type})",
 )
 
 # %%
-loop.landing_table(
+loss_scaling.landing_table(
     [v for (kind, _, _), v in landings.items() if kind == "parameters"],
     f"parameter gradients of one batch, {device.LIVE} ({dev.type})",
 )
@@ -127,7 +128,7 @@ rows = []
 runs_of = {}
 for dt in (FP16, BF16):
     for s in (1.0, SCALE):
-        runs_of[dt, s] = g = loop.gradients(trained.model, x, y, dt, s)
+        runs_of[dt, s] = g = loss_scaling.gradients(trained.model, x, y, dt, s)
         rows.append((g.label, g.activation_dtype, *(f"{v:.3%}" for v in g.flushed(ref))))
 Table(("backward", "activation gradients in", "parameter gradients zero", "activation gradients zero"),
       tuple(rows), f"zero under autocast, nonzero in float32; {device.LIVE} ({dev.type})")
@@ -199,7 +200,7 @@ stages.append(("backward()", scaler.get_scale(), f"gradient norm {norm:.6g}"))
 scaler.unscale_(opt)
 unscaled = torch.cat([p.grad.flatten() for p in params])
 stages.append(("scaler.unscale_(opt)", scaler.get_scale(), f"gradient norm {unscaled.norm().item():.6g}"))
-assert torch.equal(unscaled, loop.gradients(trained.model, x, y, FP16, SCALE).parameters)
+assert torch.equal(unscaled, loss_scaling.gradients(trained.model, x, y, FP16, SCALE).parameters)
 
 before = [p.detach().clone() for p in params]
 scaler.step(opt)
@@ -237,8 +238,8 @@ _ = plots.scale_trace(run, title=f"{run.name}, growth every 10 clean steps, on {
 # %%
 # The scale halves at every step whose gradients overflowed, and that step changes no weight;
 # after 10 clean steps in a row it doubles. The scales the run used are the ones
-# :func:`mpguide.training.loop.scale_schedule` computes from the documented rule and the overflow
-# pattern alone:
+# :func:`mpguide.training.loss_scaling.scale_schedule` computes from the documented rule and the
+# overflow pattern alone:
 import math
 
 inf_steps = tuple(i for i, inf in enumerate(run.found_inf) if inf)
@@ -247,7 +248,7 @@ print(f"skipped: {len(run.skipped)} of {len(run.scales)} steps; the first {first
       f"while the scale came down from 2**24 to 2**{math.log2(run.scales[first_clean]):g}")
 print(f"scales used: 2**{min(map(math.log2, run.scales)):g} to 2**{max(map(math.log2, run.scales)):g}")
 assert run.skipped == inf_steps and first_clean > 0
-assert run.scales == loop.scale_schedule(run.found_inf, 2.0**24, growth_interval=10)
+assert run.scales == loss_scaling.scale_schedule(run.found_inf, 2.0**24, growth_interval=10)
 grew = [i for i in range(1, len(run.scales)) if run.scales[i] > run.scales[i - 1]]
 assert grew and all(not any(run.found_inf[i - 10 : i]) for i in grew)
 assert len(inf_steps) > first_clean  # the scale grew into overflow again later

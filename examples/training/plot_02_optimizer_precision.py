@@ -15,15 +15,15 @@ that gap, at different memory costs.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
-# the CPU. Why a bf16 weight loses an update smaller than half its spacing is shown on
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# else the CPU. Why a bf16 weight loses an update smaller than half its spacing is shown on
 # :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`, with SGD; this page
 # starts from there.
 import torch
 
 from mpguide.autocast import device
 from mpguide.core.table import Table
-from mpguide.training import loop
+from mpguide.training import loop, optimizers
 
 dev = device.pick()
 device.describe(dev)
@@ -80,10 +80,10 @@ assert bf16_last == bf16_first
 # -----------------------------------------
 # AdamW, SGD with momentum and Adafactor, in their for-loop, foreach and fused forms where
 # they have them: each is built over one parameter of each dtype and takes one step
-# (:func:`mpguide.training.loop.optimizer_states`); on a machine without CUDA, the CUDA columns are
-# simulated on fake tensors, and a step the simulation cannot run is marked
+# (:func:`mpguide.training.optimizers.optimizer_states`); on a machine without CUDA, the CUDA
+# columns are simulated on fake tensors, and a step the simulation cannot run is marked
 # ``needs hardware``.
-states = loop.optimizer_states()
+states = optimizers.optimizer_states()
 states
 
 # %%
@@ -119,20 +119,21 @@ assert states.get("Adafactor", "bf16", "cpu").dtype("row_var") == BF16
 # Three remedies on one weight
 # ----------------------------
 # Add ``1e-4`` a thousand times to 4096 bf16 weights that start at 1.0
-# (:func:`mpguide.training.loop.accumulate`). Each update is under half of bf16's spacing above 1.0,
-# ``2**-7``, so rounding to nearest loses every one. Stochastic rounding
-# (:func:`mpguide.training.loop.stochastic_round`) rounds up with probability ``update / spacing``,
-# so the weights move in whole spacings and their mean follows float32. Kahan summation
-# (:func:`mpguide.training.loop.kahan_add_`) keeps what rounding dropped in a second bf16 tensor
-# and adds it to the next update, so the weight moves one spacing once enough has built up.
+# (:func:`mpguide.training.optimizers.accumulate`). Each update is under half of bf16's spacing
+# above 1.0, ``2**-7``, so rounding to nearest loses every one. Stochastic rounding
+# (:func:`mpguide.training.optimizers.stochastic_round`) rounds up with probability
+# ``update / spacing``, so the weights move in whole spacings and their mean follows float32.
+# Kahan summation (:func:`mpguide.training.optimizers.kahan_add_`) keeps what rounding dropped in
+# a second bf16 tensor and adds it to the next update, so the weight moves one spacing once enough
+# has built up.
 UPDATE, STEPS = 1e-4, 1000
 start = torch.ones(4096, device=dev, dtype=BF16)
 gen = torch.Generator(device=dev).manual_seed(0)
 histories = {
-    "float32": loop.accumulate(start.float(), UPDATE, STEPS),
-    "bf16, round to nearest": loop.accumulate(start, UPDATE, STEPS, "nearest"),
-    "bf16, stochastic rounding": loop.accumulate(start, UPDATE, STEPS, "stochastic", gen),
-    "bf16, Kahan summation": loop.accumulate(start, UPDATE, STEPS, "kahan"),
+    "float32": optimizers.accumulate(start.float(), UPDATE, STEPS),
+    "bf16, round to nearest": optimizers.accumulate(start, UPDATE, STEPS, "nearest"),
+    "bf16, stochastic rounding": optimizers.accumulate(start, UPDATE, STEPS, "stochastic", gen),
+    "bf16, Kahan summation": optimizers.accumulate(start, UPDATE, STEPS, "kahan"),
 }
 _ = plots.accumulation(histories, title=f"{STEPS} updates of {UPDATE:g} to 4096 weights at 1.0, "
                                         f"{device.LIVE} ({dev.type})")
@@ -162,8 +163,8 @@ assert (final["bf16, Kahan summation"] - exact).abs().max().item() <= spacing / 
 # - pure bf16: the model cast to bf16 and ``torch.optim.AdamW`` on it;
 # - bf16 weights with an fp32 master copy that ``torch.optim.AdamW`` steps, cast into the
 #   weights after each step;
-# - :class:`mpguide.training.loop.RoundedAdamW`: torch's AdamW arithmetic in float32 on copies of
-#   the bf16 weights and moments, written back to bf16 by rounding to nearest, by stochastic
+# - :class:`mpguide.training.optimizers.RoundedAdamW`: torch's AdamW arithmetic in float32 on copies
+#   of the bf16 weights and moments, written back to bf16 by rounding to nearest, by stochastic
 #   rounding, or with Kahan compensation (the moments are rounded to nearest in all three).
 #
 # Per step it records the shares of weights and of ``exp_avg_sq`` entries with a nonzero
@@ -205,8 +206,8 @@ assert late_states[kahan.name] > 0.3  # the moments stay bf16, rounded to neares
 # yet ends near float32: the updates it does not take are made up, on average, by the ones it
 # rounds up to a whole spacing. Kahan keeps the dropped part and leaves fewer than a tenth as
 # many weights unchanged (its bf16 compensation drops the smallest updates late in the
-# schedule); the master copy loses no more than float32 does. None of the three fixes the second moment: its
-# decay is still lost in bf16, and here that cost little.
+# schedule); the master copy loses no more than float32 does. None of the three fixes the second
+# moment: its decay is still lost in bf16, and here that cost little.
 #
 # What each setup keeps
 # ---------------------

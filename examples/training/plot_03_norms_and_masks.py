@@ -26,7 +26,7 @@ from torch import nn
 from mpguide.autocast import device
 from mpguide.core import dtypes, versions
 from mpguide.core.table import Table
-from mpguide.training import loop
+from mpguide.training import grad_sums, norm_layers
 
 dev = device.pick()
 device.describe(dev)
@@ -35,15 +35,15 @@ bf16, fp16 = torch.bfloat16, torch.float16
 # %%
 # What a norm takes, returns and keeps
 # ------------------------------------
-# :func:`mpguide.training.loop.norms` builds each layer with float32 parameters (as a model under
-# autocast has them), hands it the bf16 activations a matmul under autocast returns, and calls
+# :func:`mpguide.training.norm_layers.norms` builds each layer with float32 parameters (as a model
+# under autocast has them), hands it the bf16 activations a matmul under autocast returns, and calls
 # it under bf16 autocast, with :class:`mpguide.core.dtypes.Log` recording every op. "Statistics op
 # takes" is the dtype of the input of the op that computes the mean and variance (the fused
 # kernel, or the mean of squares where RMSNorm decomposes; a fused kernel may accumulate in
 # float32 inside, which no log sees); "running statistics" is what a BatchNorm stores
 # between steps. CUDA runs live on a GPU machine, else on fake tensors under CUDA's
 # autocast.
-norms = loop.norms(bf16, devices=("cpu", "cuda"))
+norms = norm_layers.norms(bf16, devices=("cpu", "cuda"))
 norms
 
 # %%
@@ -86,7 +86,7 @@ places = {"cpu": device.LIVE, "cuda": cuda_how}
 columns = [f"{what}, {device.label(d, how)}" for d, how in places.items()
            for what in ("takes", "returns", "keeps")]
 rows = []
-for layer in loop.NORMS:
+for layer in norm_layers.NORMS:
     cells = []
     for d in places:
         run = norms[layer, d]
@@ -110,9 +110,9 @@ print(f"nn.BatchNorm1d(4).to(bf16).running_mean: "
 # Each training step moves the running mean a tenth of the way to the batch mean
 # (``momentum=0.1``). In bf16 that step is rounded to the buffer's spacing, and once the tenth
 # of the remaining distance is below half a spacing, the running mean stops moving.
-# :func:`mpguide.training.loop.running_means` trains a ``BatchNorm1d`` in each buffer dtype on
-# batches whose every channel has mean 3.
-means = loop.running_means(("float32", "bfloat16", "float16"), steps=100, mean=3.0,
+# :func:`mpguide.training.norm_layers.running_means` trains a ``BatchNorm1d`` in each buffer dtype
+# on batches whose every channel has mean 3.
+means = norm_layers.running_means(("float32", "bfloat16", "float16"), steps=100, mean=3.0,
                                dev=dev)
 means
 
@@ -205,9 +205,9 @@ for where, run in looked_up.items():
 # %%
 # Its backward sums the gradients of every position that used a row into that row. For a token
 # used ``n`` times in a batch, that is a sum of ``n`` terms, done in the table's dtype.
-# :func:`mpguide.training.loop.embedding_grads` compares the summed row with the float64 sum of the
-# same incoming gradients.
-sums = loop.embedding_grads((1, 4, 16, 64, 256, 1024, 4096), ("float32", "bfloat16"), dev=dev)
+# :func:`mpguide.training.grad_sums.embedding_grads` compares the summed row with the float64 sum of
+# the same incoming gradients.
+sums = grad_sums.embedding_grads((1, 4, 16, 64, 256, 1024, 4096), ("float32", "bfloat16"), dev=dev)
 sums
 
 # %%

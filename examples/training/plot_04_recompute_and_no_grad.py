@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from mpguide.autocast import device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
-from mpguide.training import autograd, loop
+from mpguide.training import autograd, grad_sums
 
 dev = device.pick()
 device.describe(dev)
@@ -338,19 +338,19 @@ assert caught[0].category is FutureWarning
 # Gradient accumulation
 # ---------------------
 # Accumulating micro-batches calls backward once per micro-batch and lets autograd add each
-# gradient into ``.grad``, in ``.grad``'s dtype. :func:`mpguide.training.loop.grad_accumulation`
-# compares ``.grad`` after each count of micro-batches with the float64 sum of the gradients
-# the micro-batches delivered, for a float32 weight under autocast (its gradient arrives in
-# bf16 and is cast to float32), a bf16 weight, and a bf16 weight whose ``grad_dtype`` is
-# float32 (an attribute of tensors in this torch).
-accumulated = loop.grad_accumulation((1, 2, 4, 8, 16, 32, 64), dev=dev)
+# gradient into ``.grad``, in ``.grad``'s dtype.
+# :func:`mpguide.training.grad_sums.grad_accumulation` compares ``.grad`` after each count of
+# micro-batches with the float64 sum of the gradients the micro-batches delivered, for a float32
+# weight under autocast (its gradient arrives in bf16 and is cast to float32), a bf16 weight, and a
+# bf16 weight whose ``grad_dtype`` is float32 (an attribute of tensors in this torch).
+accumulated = grad_sums.grad_accumulation((1, 2, 4, 8, 16, 32, 64), dev=dev)
 accumulated
 
 # %%
 # Sums of bf16 gradients are exact in float32 here (their 8 significant bits leave float32
 # room for many of them), so the float32 ways show no error at all; the bf16 ``.grad`` rounds
 # after each addition and drifts away from the sum.
-f32_way, bf16_way, kept_way = loop.GRAD_ACCUMULATION
+f32_way, bf16_way, kept_way = grad_sums.GRAD_ACCUMULATION
 assert max(accumulated.errors(f32_way)) < 2**-20
 assert max(accumulated.errors(kept_way)) < 2**-20
 bf16_errors = accumulated.errors(bf16_way)

@@ -25,7 +25,7 @@ from torch import nn
 
 from mpguide.autocast import device
 from mpguide.core.table import Table
-from mpguide.training import autograd, loop
+from mpguide.training import autograd, distributed
 
 device.describe("cpu")
 bf16, fp16 = torch.bfloat16, torch.float16
@@ -33,8 +33,8 @@ bf16, fp16 = torch.bfloat16, torch.float16
 # %%
 # A comm hook in a world of one process
 # -------------------------------------
-# :func:`mpguide.training.loop.process_group` starts a gloo group in this process, meeting in a
-# file store in a temporary folder (so there is no port to pick), and destroys it after the
+# :func:`mpguide.training.distributed.process_group` starts a gloo group in this process, meeting in
+# a file store in a temporary folder (so there is no port to pick), and destroys it after the
 # block. DDP wraps a ``Linear``; we register the built-in compression hooks and log one
 # backward pass with :class:`mpguide.training.autograd.DtypeLog`.
 import torch.distributed as dist
@@ -54,7 +54,7 @@ def logged_backward(ddp: DistributedDataParallel) -> autograd.DtypeLog:
     return log
 
 
-with loop.process_group():
+with distributed.process_group():
     try:
         DistributedDataParallel(nn.Linear(4, 4)).register_comm_hook(
             dist.group.WORLD, default_hooks.bf16_compress_hook
@@ -91,7 +91,7 @@ assert [(r.op_name, r.cast) for r in hook_ops] in (
 )
 STEPS = 40
 logged_here = 0
-with loop.process_group():
+with distributed.process_group():
     ddp = ddp_with_fp16_hook()
     for _ in range(STEPS):
         step_casts = [(r.op_name, r.cast) for r in logged_backward(ddp).records if r.is_cast]
@@ -110,18 +110,19 @@ print(f"bf16_compress_hook on this build ({'no' if no_gpu_build else 'a'} GPU bu
 # %%
 # One step in two processes
 # -------------------------
-# :func:`mpguide.training.loop.communication` starts two worker processes (plain Python processes
-# that import :mod:`mpguide`, so nothing from this page needs pickling), which meet in a file
-# store and run one training step per setup of :data:`mpguide.training.loop.COMM_SETUPS`, with the
-# loss as it is and multiplied by ``1e-7`` (small gradients, as without loss scaling late in
-# training). Where DDP refuses the bf16 hook, the workers register it under another name,
-# which the check does not know: gloo then runs it, and the note says so.
-comm = loop.communication(world_size=2, scales=(1.0, 1e-7))
+# :func:`mpguide.training.distributed.communication` starts two worker processes (plain Python
+# processes that import :mod:`mpguide`, so nothing from this page needs pickling), which meet in a
+# file store and run one training step per setup of
+# :data:`mpguide.training.distributed.COMM_SETUPS`, with the loss as it is and multiplied by
+# ``1e-7`` (small gradients, as without loss scaling late in training). Where DDP refuses the bf16
+# hook, the workers register it under another name, which the check does not know: gloo then runs
+# it, and the note says so.
+comm = distributed.communication(world_size=2, scales=(1.0, 1e-7))
 comm
 
 # %%
 n_params = comm.parameters
-ddp_runs = {setup: comm.get(setup) for setup in loop.COMM_SETUPS if setup.startswith("DDP")}
+ddp_runs = {setup: comm.get(setup) for setup in distributed.COMM_SETUPS if setup.startswith("DDP")}
 for setup, run in ddp_runs.items():
     assert [c.op for c in run.collectives] == ["c10d.allreduce_"], setup
     assert run.grad_dtype == torch.float32 and run.out_dtype == torch.float32, setup
@@ -164,7 +165,7 @@ for setup in ddp_runs:
 # parameters are float32 in every setup, and the output is bf16 unless ``output_dtype`` says
 # otherwise. Against the mean of the ranks' own bf16 gradients, a float32 reduction is exact;
 # a bf16 one rounds the sum.
-fsdp = {setup: comm.get(setup) for setup in loop.COMM_SETUPS if setup.startswith("FSDP2")}
+fsdp = {setup: comm.get(setup) for setup in distributed.COMM_SETUPS if setup.startswith("FSDP2")}
 plain_fsdp = fsdp["FSDP2"]
 assert plain_fsdp.comm_dtypes == (torch.float32,)
 for setup, run in fsdp.items():

@@ -14,13 +14,13 @@ memory of the float32 setups and trails them; the timings are this machine's.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
-# the CPU.
+# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# else the CPU.
 import torch
 
 from mpguide.autocast import device
 from mpguide.core.table import Table
-from mpguide.training import loop
+from mpguide.training import loop, loss_scaling
 
 dev = device.pick()
 device.describe(dev)
@@ -30,8 +30,9 @@ device.describe(dev)
 # ----------------
 # Each is a :class:`mpguide.training.loop.Recipe`: the dtype the weights are held in, the autocast
 # dtype, how the optimizer updates the weights, and a GradScaler where fp16 needs one.
-# Stochastic rounding uses :class:`mpguide.training.loop.RoundedAdamW`, torch's AdamW arithmetic in
-# float32 written back to bf16 weights stochastically (see the optimizer precision page).
+# Stochastic rounding uses :class:`mpguide.training.optimizers.RoundedAdamW`, torch's AdamW
+# arithmetic in float32 written back to bf16 weights stochastically (see the optimizer precision
+# page).
 KEYS = ("fp32", "autocast-bf16", "autocast-fp16", "bf16", "bf16-stochastic")
 Table(("recipe", "short name", "setup"),
       tuple((loop.RECIPES[k].name, k, loop.RECIPES[k].setup) for k in KEYS))
@@ -87,7 +88,7 @@ for k in ("autocast-bf16", "autocast-fp16", "bf16-stochastic"):
     assert abs(gap[k]) < gap["bf16"] / 4, k
 fp16 = runs["autocast-fp16"]
 assert fp16.skipped == tuple(i for i, inf in enumerate(fp16.found_inf) if inf)
-assert fp16.scales == loop.scale_schedule(fp16.found_inf, 2.0**16)
+assert fp16.scales == loss_scaling.scale_schedule(fp16.found_inf, 2.0**16)
 print(f"{fp16.name}: {len(fp16.skipped)} steps skipped, scale "
       f"{fp16.scales[0]:g} -> {fp16.scales[-1]:g}")
 
