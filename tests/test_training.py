@@ -542,6 +542,31 @@ def test_process_group_rejects_bad_input(kwargs, message):
         pass
 
 
+def test_shard_wraps_each_block_then_the_root_with_the_policy():
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
+
+    from mpguide.core import dtypes
+
+    policy = MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=FP32)
+    with pytest.raises(MPGuideError, match="shard needs a process group"):
+        distributed.shard(nn.Linear(2, 2))
+    with distributed.process_group():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        assert distributed.shard(model, policy) is model
+        assert [isinstance(m, FSDPModule) for m in model] == [True, False, True]
+        assert isinstance(model, FSDPModule) and isinstance(model[0].weight, DTensor)
+        with dtypes.Log() as log:
+            model(torch.randn(3, 4)).float().sum().backward()
+        copies = distributed.reduce_scatter_inputs(log)
+        assert len(copies) == 2  # one per group that holds parameters
+        assert all(c.ins[:-1] == (BF16,) * (len(c.ins) - 1) and c.ins[-1] == FP32 for c in copies)
+        whole = distributed.shard(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), units=())
+        assert not any(isinstance(m, FSDPModule) for m in whole)
+        assert isinstance(whole, FSDPModule)
+
+
 def test_communication_in_two_processes():
     comm = distributed.communication(
         2, ("DDP, fp16_compress_hook", "FSDP2, param bf16, reduce bf16"), scales=(1.0, 1e-7)

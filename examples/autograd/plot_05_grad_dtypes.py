@@ -212,19 +212,20 @@ print("after a cast between forward and backward, a bf16 parameter holds a float
 # %%
 # FSDP2's mixed-precision policy, run for real
 # --------------------------------------------
-# A process group of one rank (gloo, a :class:`torch.distributed.FileStore` in a temporary
-# folder) runs on the CPU in every build. Two blocks of two ``Linear`` layers are sharded
-# with ``fully_shard`` and ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32,
+# A process group of one rank (:func:`mpguide.training.distributed.process_group`: gloo, a
+# :class:`torch.distributed.FileStore` in a temporary folder) runs on the CPU in every build.
+# Two blocks of two ``Linear`` layers are sharded block by block
+# (:func:`mpguide.training.distributed.shard`: ``fully_shard`` on each block, then on the
+# root) with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32,
 # output_dtype=...)``. A forward pre-hook records the weight each ``Linear`` sees, a
 # :class:`mpguide.core.dtypes.Log` (a dispatch mode) logs every op with its dtypes, ``out=``
 # tensors last among the inputs, and the parameters and gradients are read after backward.
-import os
-import tempfile
 from collections import Counter
 
-import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
+
+from mpguide.training import distributed
 
 
 class Block(torch.nn.Module):
@@ -237,23 +238,18 @@ class Block(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(h)))
 
 
-def sharded_model(output_dtype):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(Block(), Block())
-    policy = MixedPrecisionPolicy(
+def policy(output_dtype):
+    return MixedPrecisionPolicy(
         param_dtype=bf16, reduce_dtype=torch.float32, output_dtype=output_dtype
     )
-    for block in model:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    return model
 
 
-folder = tempfile.TemporaryDirectory()
-dist.init_process_group(
-    "gloo", store=dist.FileStore(os.path.join(folder.name, "store"), 1), rank=0, world_size=1
-)
-try:
+def sharded_model(output_dtype):
+    torch.manual_seed(0)
+    return distributed.shard(torch.nn.Sequential(Block(), Block()), policy(output_dtype))
+
+
+with distributed.process_group():
     model = sharded_model(torch.float32)
     sharded = model[0].fc1.weight
     seen_in_forward = []
@@ -284,7 +280,7 @@ try:
         type(grad),
         grad.to_local().dtype,
     )
-    reduce_inputs = [c for c in log.calls if c.op == "fsdp.chunk_cat.default"]
+    reduce_inputs = distributed.reduce_scatter_inputs(log)
     ops = Counter(c.op for c in log.calls)
     collectives = sorted(
         op for op in ops if "c10d" in op or "all_gather" in op or "reduce_scatter" in op
@@ -296,9 +292,6 @@ try:
     )
 
     default_out = sharded_model(None)(torch.randn(2, 8)).dtype
-finally:
-    dist.destroy_process_group()
-    folder.cleanup()
 
 Table(
     ("what", "type and dtype"),
@@ -398,14 +391,10 @@ def compiled_run(how):
     torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
     model = torch.nn.Sequential(Block(), Block())
-    policy = MixedPrecisionPolicy(
-        param_dtype=bf16, reduce_dtype=torch.float32, output_dtype=torch.float32
-    )
-    for block in model:
-        if how == "each block":
+    if how == "each block":
+        for block in model:
             block.compile(backend=backend)
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+    distributed.shard(model, policy(torch.float32))
     run = torch.compile(model, backend=backend) if how == "whole model" else model
     out = run(torch.randn(2, 8))
     out.sum().backward()
@@ -413,21 +402,16 @@ def compiled_run(how):
     return out.dtype, model[0].fc1.weight.grad.to_local().dtype, breaks
 
 
-folder = tempfile.TemporaryDirectory()
-dist.init_process_group(
-    "gloo", store=dist.FileStore(os.path.join(folder.name, "store"), 1), rank=0, world_size=1
-)
-try:
-    with warnings.catch_warnings():
-        # Dynamo asks each graph input, among them bf16 tensors FSDP2 made (not leaves),
-        # whether it has a .grad; it hides that warning with a filter that does not hold
-        # where warnings are errors, as in this site's build.
-        warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not a leaf")
-        compiled = {how: compiled_run(how) for how in ("each block", "whole model")}
-finally:
-    dist.destroy_process_group()
-    folder.cleanup()
-    torch._dynamo.reset()
+with distributed.process_group():
+    try:
+        with warnings.catch_warnings():
+            # Dynamo asks each graph input, among them bf16 tensors FSDP2 made (not leaves),
+            # whether it has a .grad; it hides that warning with a filter that does not hold
+            # where warnings are errors, as in this site's build.
+            warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not a leaf")
+            compiled = {how: compiled_run(how) for how in ("each block", "whole model")}
+    finally:
+        torch._dynamo.reset()
 
 
 def listed(seq):

@@ -38,20 +38,18 @@ class Block(torch.nn.Module):
 
 
 def step(policy):
-    """Shard two blocks and the root with ``policy``, run one forward and backward, and
+    """Shard two blocks and the root with ``policy`` (``fully_shard`` on each block, then on
+    the root: :func:`mpguide.training.distributed.shard`), run one forward and backward, and
     report what each stage held."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(Block(), Block())
-    for block in model:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+    model = distributed.shard(torch.nn.Sequential(Block(), Block()), policy)
     seen = []
     model[0].wq.register_forward_pre_hook(lambda mod, args: seen.append(mod.weight.dtype))
     with dtypes.Log() as log:
         out = model(torch.randn(2, 8))
         out.float().sum().backward()
     weight = model[0].wq.weight
-    reduce_in = [c.ins[-1] for c in log.calls if c.op == "fsdp.chunk_cat.default"]
+    reduce_in = [c.ins[-1] for c in distributed.reduce_scatter_inputs(log)]
     return {
         "parameter read outside forward": f"{type(weight).__name__} {dtypes.name(weight.dtype)}",
         "weight seen in forward": dtypes.name(seen[0]),
@@ -147,7 +145,9 @@ print("output_dtype=None keeps the compute dtype; output_dtype=float32 casts eve
 # different dtypes for the model params with gradients"), with the per-parameter policies of
 # `#196626 <https://github.com/pytorch/pytorch/pull/196626>`__ and
 # `#195946 <https://github.com/pytorch/pytorch/pull/195946>`__. A block whose second layer was
-# cast to bf16, sharded as one group, then each layer as its own group:
+# cast to bf16, sharded as one group (``fully_shard(block)``), then each layer as its own group
+# (:func:`mpguide.training.distributed.shard`: each layer, then the block as a root that holds
+# no parameter of its own):
 class MixedBlock(Block):
     """``wo`` in bf16; the forward casts its input to ``wo``'s dtype."""
 
@@ -173,14 +173,9 @@ def first_step(shard):
             f"wo.grad {dtypes.name(block.wo.weight.grad.dtype)}")
 
 
-def per_layer(block):
-    fully_shard(block.wq)
-    fully_shard(block.wo)
-
-
 with distributed.process_group():
     groups = {"one group for both layers": first_step(fully_shard),
-              "one group per layer": first_step(per_layer)}
+              "one group per layer": first_step(distributed.shard)}
 groups
 
 # %%
