@@ -410,6 +410,8 @@ found = dict(errors.rows)
 assert found["GradScaler with fp16 weights"] == "ValueError: Attempting to unscale FP16 gradients."
 for bf16_case in ("GradScaler with bf16 weights", "GradScaler with bf16 autocast"):
     assert found[bf16_case].startswith("ran, weights changed: True"), found[bf16_case]
+print(f"torch {torch.__version__}: a GradScaler over bf16 weights or bf16 autocast raised "
+      "nothing and the weights moved")
 assert found["scaler.unscale_ twice in one step"].startswith("RuntimeError: unscale_() has already")
 assert found["torch.cuda.amp.GradScaler()"].startswith("FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated")
 if not torch.cuda.is_available():
@@ -420,13 +422,11 @@ if not torch.cuda.is_available():
 
 # %%
 # fp16 weights cannot be unscaled: a GradScaler is for float32 weights under fp16 autocast
-# (or fp16 weights with a float32 master copy the optimizer steps). With bf16, torch
-# |version| raises nothing: the scaler multiplies and divides by powers of two, which bf16
-# does exactly, and the scale is not needed, since bf16 flushed no gradient above. A scaler
-# made for ``"cuda"`` on a machine without CUDA switches itself off with a warning, and the
-# loss goes unscaled.
-#
-# .. |version| replace:: 2.13
+# (or fp16 weights with a float32 master copy the optimizer steps). With bf16, the running
+# torch (printed above) raises nothing: the scaler multiplies and divides by powers of two,
+# which bf16 does exactly, and the scale is not needed, since bf16 flushed no gradient above. A
+# scaler made for ``"cuda"`` on a machine without CUDA switches itself off with a warning, and
+# the loss goes unscaled.
 #
 # What we saw
 # -----------

@@ -56,6 +56,7 @@ norms
 # This torch:
 rms_rule = versions.change("rms_norm_cuda_autocast")
 print(rms_rule.describe())
+assert rms_rule.since == "2.12"  # the release this page's prose names
 cuda_how = norms["LayerNorm", "cuda"].how
 float32_on_cuda = ("LayerNorm", "GroupNorm", "RMSNorm") if rms_rule.holds else (
     "LayerNorm", "GroupNorm")
