@@ -91,7 +91,8 @@ def char_task(context: int = 8) -> CharTask:
 UPDATES = ("adamw", "master", *ROUNDINGS)
 """How a recipe updates its weights: ``adamw``, :class:`torch.optim.AdamW` on the weights
 themselves; ``master``, AdamW on a float32 copy that is cast into the weights after each step;
-or :class:`RoundedAdamW` with one of :data:`ROUNDINGS`."""
+or :class:`~mpguide.training.optimizers.RoundedAdamW` with one of
+:data:`~mpguide.training.optimizers.ROUNDINGS`."""
 
 
 @dataclass(frozen=True)
