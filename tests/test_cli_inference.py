@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from conftest import mpguide_process
+from helpers import mpguide_process
 
 from mpguide import MPGuideError
 from mpguide.cli import main

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import mpguide_process
+from helpers import mpguide_process
 
 from mpguide.cli import main
 from mpguide.traces import tracegen

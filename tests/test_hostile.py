@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from mpguide.cli import main
 from mpguide.traces import calltree, tracegen

@@ -1,13 +1,12 @@
 """The readers' questions data file and its links to the pages that answer them."""
 
 import json
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from mpguide import MPGuideError, questions
 
-ROOT = Path(__file__).resolve().parents[1]
 COLLECTED = questions.load()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from mpguide import MPGuideError
 from mpguide.cli import main
