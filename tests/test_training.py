@@ -532,6 +532,7 @@ def test_process_group_rejects_bad_input(kwargs, message):
         pass
 
 
+@pytest.mark.slow
 def test_communication_in_two_processes():
     comm = loop.communication(
         2, ("DDP, fp16_compress_hook", "FSDP2, param bf16, reduce bf16"), scales=(1.0, 1e-7)
@@ -566,6 +567,7 @@ def test_communication_rejects_bad_input(kwargs, message):
         loop.communication(**kwargs)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_reported_in_one_line():
     with pytest.raises(RuntimeError, match=r"rank 0 failed: KeyError: 'no such setup'"):
         loop._run_ranks(1, json.dumps([["no such setup", 1.0]]), timeout=120)
