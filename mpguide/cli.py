@@ -15,12 +15,15 @@ import os
 import re
 import signal
 import sys
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 
-from mpguide import MPGuideError, __version__, error_line
-from mpguide.core import terminal
+from mpguide import MPGuideError, __version__
+from mpguide.core import output, terminal
+from mpguide.core.readers_code import SPEC
+from mpguide.core.readers_code import factory as _factory
+from mpguide.core.readers_code import load_spec as _load_spec
+from mpguide.core.readers_code import reader_error as _reader_error
+from mpguide.core.readers_code import readers_code as _readers_code
 from mpguide.core.table import ALIASES, FORMATS, escape_controls
 
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
@@ -275,75 +278,6 @@ def _casts(args: argparse.Namespace) -> str:
 
 
 VARIANTS = "fp32, bf16, fp16, autocast-bf16, autocast-fp16"
-SPEC = "FILE.py:NAME or package.module:NAME"
-"""How every command names the reader's code; importing it runs its top-level code."""
-
-
-def _reader_error(err: BaseException) -> str:
-    if isinstance(err, SystemExit):
-        return f"SystemExit({err.code!r})"
-    return error_line(err)
-
-
-@contextmanager
-def _readers_code(doing: str) -> Iterator[None]:
-    """An error or ``SystemExit`` raised by the reader's code inside: one line saying what was
-    being done."""
-    try:
-        yield
-    except MPGuideError:
-        raise
-    except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's code: named in one line
-        raise MPGuideError(f"{doing} raised {_reader_error(err)}") from None
-
-
-def _load_spec(spec: str):
-    """The function ``spec`` names: ``FILE.py:NAME`` (the file is imported with its folder
-    first on ``sys.path``, as ``python FILE.py`` would run it) or ``package.module:NAME``
-    (imported from here). Importing runs the module's top-level code."""
-    import importlib
-    import importlib.util
-    from pathlib import Path
-
-    where, colon, name = spec.rpartition(":")
-    if not colon or not where or not name:
-        raise MPGuideError(f"give {SPEC}, got {spec!r}")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where)
-        if not path.is_file():
-            raise MPGuideError(f"no file {where!r}")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        if module_spec is None or module_spec.loader is None:
-            raise MPGuideError(f"{where!r} is not a Python file")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.path.insert(0, str(path.resolve().parent))
-        with _readers_code(f"importing {where}"):
-            module_spec.loader.exec_module(module)
-    else:
-        with _readers_code(f"importing {where}"):
-            try:
-                found = importlib.util.find_spec(where)  # imports the parent packages
-            except ModuleNotFoundError as err:
-                raise MPGuideError(f"cannot import {where!r}: {err}") from None
-            if found is None:
-                raise MPGuideError(f"cannot import {where!r}: no module of that name from here")
-            module = importlib.import_module(where)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise MPGuideError(f"{where} has no function {name!r}")
-    return fn
-
-
-def _factory(spec: str):
-    """``(model, inputs)`` from the factory ``spec`` names, called once."""
-    import torch
-
-    factory = _load_spec(spec)
-    with _readers_code(f"calling {spec}"):
-        made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
-        raise MPGuideError(f"{spec} must return (model, inputs), got {type(made).__name__}")
-    return made
 
 
 def _inference(args: argparse.Namespace) -> str:
@@ -763,135 +697,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Ended(BaseException):
-    """A signal that ends the command, raised where the program is, so that its clean-up
-    runs (the trace reader kills its worker)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextmanager
-def _signals_end_the_command() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`_Ended` while the command runs (in the main thread,
-    the only one that can handle signals); the handlers before are restored after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def end(signum, frame):
-        raise _Ended(signum)
-
-    ending = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    before = {s: signal.getsignal(s) for s in ending}
-    try:
-        for s in ending:
-            signal.signal(s, end)
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
-
-
-_STARTED = [os.getpid()]
-"""The process that runs the command: only it writes (the reader's code may fork)."""
-
-
-def _only_the_first(status: int) -> None:
-    """End a process forked from the command's (by the reader's code) without a word."""
-    if os.getpid() != _STARTED[0]:
-        os._exit(status)
-
-
-def _said(line: str, status: int) -> int:
-    _only_the_first(status)
-    print(f"mpguide: {escape_controls(line)}", file=sys.stderr)
-    return status
-
-
-def _drop_stdout() -> None:
-    """Send what stdout still holds to /dev/null, so that exiting does not fail on it."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError, AttributeError):
-        pass  # not a file (a test's capture): nothing is flushed at exit
-
-
-_ASCII = str.maketrans({"└": "`", "├": "|", "│": "|", "─": "-", "µ": "u", "×": "x", "…": "..."})
-"""What the output's own characters become where stdout's encoding cannot carry them."""
-_BATCH = 1 << 16
-
-
-def _encodable(text: str, encoding: str) -> str:
-    """``text`` as ``encoding`` can carry it: the output's box-drawing characters and units
-    in ASCII, other characters escaped (``\\u2603``)."""
-    try:
-        text.encode(encoding)
-    except UnicodeEncodeError:
-        text = text.translate(_ASCII)
-        return text.encode(encoding, "backslashreplace").decode(encoding)
-    except LookupError:  # an encoding Python does not know: ASCII is safe
-        return _encodable(text, "ascii")
-    return text
-
-
-def _pieces(out: str | Iterable[str]) -> Iterator[str]:
-    """The output in pieces of about :data:`_BATCH` characters, each ending in a newline."""
-    if isinstance(out, str):
-        yield out if out.endswith("\n") else out + "\n"
-        return
-    batch, size = [], 0
-    for line in out:
-        batch.append(line)
-        size += len(line) + 1
-        if size >= _BATCH:
-            yield "\n".join(batch) + "\n"
-            batch, size = [], 0
-    if batch:
-        yield "\n".join(batch) + "\n"
-
-
-def _write(out: str | Iterable[str]) -> int:
-    """Write the output (a string, or lines made as they are written) to stdout in what
-    its encoding carries; the exit status."""
-    _only_the_first(0)
-    stdout = sys.stdout
-    if stdout is None or getattr(stdout, "closed", False):
-        return _said("error: cannot write the output: stdout is closed", 2)
-    encoding = getattr(stdout, "encoding", None) or "utf-8"
-    utf = encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
-    try:
-        for piece in _pieces(out):
-            stdout.write(piece if utf else _encodable(piece, encoding))
-        stdout.flush()
-    except BrokenPipeError:  # whoever read the output stopped reading: end as a pipe would
-        _drop_stdout()
-        return 128 + 13
-    except OSError as err:
-        _drop_stdout()
-        return _said(f"error: cannot write the output: {err}", 2)
-    except ValueError as err:  # closed meanwhile (by the reader's code)
-        if not getattr(stdout, "closed", False):
-            raise
-        return _said(f"error: cannot write the output: stdout is closed ({err})", 2)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    _STARTED[0] = os.getpid()
+    output.STARTED[0] = os.getpid()
     try:
-        with _signals_end_the_command():
+        with output.signals_end_the_command():
             args = parser().parse_args(argv)
-            return _write(args.run(args))
+            return output.write(args.run(args))
     except (MPGuideError, OSError) as err:
-        return _said(f"error: {err}", 2)
+        return output.said(f"error: {err}", 2)
     except MemoryError:
-        return _said("error: out of memory: this input needs more than the process may take", 2)
+        return output.said(
+            "error: out of memory: this input needs more than the process may take", 2
+        )
     except KeyboardInterrupt:
-        return _said("interrupted", 128 + signal.SIGINT)
-    except _Ended as end:
-        return _said(f"terminated by {signal.Signals(end.signum).name}", 128 + end.signum)
+        return output.said("interrupted", 128 + signal.SIGINT)
+    except output.Ended as end:
+        return output.said(f"terminated by {signal.Signals(end.signum).name}", 128 + end.signum)

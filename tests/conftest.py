@@ -1,12 +1,7 @@
-import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,23 +23,10 @@ def terminal_of_100_columns(monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
 
 
-def mpguide_process(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``python -m mpguide ARGS`` as a reader would, from ``cwd``, and capture its output."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "mpguide", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=cwd,
-        env=env,
-    )
-
-
 @pytest.fixture
 def mpguide_main(capsys, monkeypatch):
     """Run ``python -m mpguide ARGS`` in this process, from ``cwd`` (its folder first on
-    ``sys.path``, as for a process), and capture its output as :func:`mpguide_process` does."""
+    ``sys.path``, as for a process), and capture its output as ``helpers.mpguide_process`` does."""
     from mpguide.cli import main
 
     def run(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -222,7 +222,7 @@ def test_scalar_type_codes_match_this_torch(dtype):
     assert cast.bytes_written == 32 * target.itemsize
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("parallel", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_trace_keeping_only_the_args_casts_read_gives_the_same_report(
     tmp_path, monkeypatch, parallel
 ):

@@ -20,6 +20,7 @@ def probe_each_policy_once():
     patch.undo()
 
 
+@pytest.mark.slow
 def test_policy_json_matches_the_catalogue(capsys):
     assert main(["policy", "--device", "cpu", "--dtype", "bf16", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -28,6 +29,7 @@ def test_policy_json_matches_the_catalogue(capsys):
     assert matmul["class"] == "lower precision"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["table", "markdown", "csv"])
 def test_policy_formats(capsys, fmt):
     assert main(["policy", "--device", "cpu", "--format", fmt]) == 0
@@ -57,6 +59,7 @@ def test_bad_arguments_give_one_line_and_status_2(capsys, argv, message):
     assert captured.err.startswith("mpguide: error: ") and message in captured.err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_a_gpu_is_simulated(mpguide_main):
     proc = mpguide_main("policy", "--device", "cuda", "--format", "csv")
@@ -68,6 +71,7 @@ def test_cuda_without_a_gpu_is_simulated(mpguide_main):
     assert by_op["mv"]["class"] == "lower precision"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["table", "markdown", "json", "csv"])
 def test_every_format_says_how_the_policy_was_obtained(capsys, fmt):
     assert main(["policy", "--device", "cpu", "--format", fmt]) == 0
@@ -77,6 +81,7 @@ def test_every_format_says_how_the_policy_was_obtained(capsys, fmt):
     assert device.SIMULATED in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.slow
 def test_all_devices_in_one_table_with_the_differences(mpguide_main, monkeypatch):
     # 'all' is one column per type device.simulated_types() gives; two keep the test short.
     monkeypatch.setattr(device, "simulated_types", lambda: ("cpu", "cuda"))

@@ -8,6 +8,9 @@ import pytest
 
 from mpguide.core import terminal
 
+# Slow: transformers models and every device's policy (-m 'not slow' leaves it out).
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data"
 GPU_TRACES = sorted((DATA / "gpu").glob("*.json.gz"))
 WIDTH = 100

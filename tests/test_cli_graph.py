@@ -40,6 +40,7 @@ def _json(mpguide_main, *args):
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_inductor_decomposes_the_bmm_on_cpu_and_keeps_it_on_cuda(functions, mpguide_main):
     fn = f"{functions}:matmul_into_fp32"
     cpu = _json(mpguide_main, fn, *ISSUE, "--device", "cpu", "--backend", "inductor")

@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from conftest import mpguide_process
+from helpers import mpguide_process
 
 from mpguide import MPGuideError
 from mpguide.cli import main
@@ -108,6 +108,7 @@ def test_bad_arguments_give_one_line_and_status_2(capsys, factory, argv, message
     assert captured.err.startswith("mpguide: error: ") and message in captured.err
 
 
+@pytest.mark.slow
 def test_as_a_process(tmp_path):
     """Run from the reader's folder, where their module lives."""
     (tmp_path / "reader_model.py").write_text(FACTORY)

@@ -192,6 +192,7 @@ def qwen(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_model_runs_a_transformers_model_live_and_simulated(qwen, run):
     live = json.loads(run(qwen, "qwen.py:make", "--format", "json").stdout)
     rows = {r["module"]: r for r in live["rows"]}
@@ -206,6 +207,7 @@ def test_model_runs_a_transformers_model_live_and_simulated(qwen, run):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dev", ["cpu", "cuda"])
 def test_graph_traces_a_transformers_model_on_any_device(qwen, dev, run):
     proc = run(
@@ -219,6 +221,7 @@ def test_graph_traces_a_transformers_model_on_any_device(qwen, dev, run):
     assert any(r["in"] == "f32" and r["out"] == "bf16" and "q_proj" in r["user code"] for r in flow)
 
 
+@pytest.mark.slow
 def test_json_gives_the_findings_fields_and_keeps_its_keys(folder, qwen, run):
     bf16 = json.loads(run(qwen, "qwen.py:make", "--format", "json").stdout)
     fp16 = json.loads(run(qwen, "qwen.py:make", "--autocast", "fp16", "--format", "json").stdout)
@@ -233,6 +236,7 @@ def test_json_gives_the_findings_fields_and_keeps_its_keys(folder, qwen, run):
     assert rows["1"]["out err"] == "inf" and rows["1"]["inf"] > 0  # not null, which is unknown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dev", ["mps", "xpu"])
 def test_an_op_the_simulation_cannot_run_is_named_in_one_line(qwen, dev, run):
     proc = run(qwen, "qwen.py:make", "--device", dev)
@@ -247,6 +251,7 @@ def test_an_op_the_simulation_cannot_run_is_named_in_one_line(qwen, dev, run):
     assert "scaled_dot_product_attention" in proc.stderr and "not the model's error" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_simulated_transformers_model_says_it_takes_another_path(qwen, run):
     live, sim = (
         json.loads(run(qwen, "qwen.py:make", *extra, "--format", "json").stdout)

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import mpguide_process
+from helpers import mpguide_process
 
 from mpguide.cli import main
 from mpguide.traces import tracegen
@@ -237,6 +237,7 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path, capsys, argv, content, 
     assert captured.err.count("\n") == 1 and message in captured.err
 
 
+@pytest.mark.slow
 def test_casts_as_a_process_without_torch(tmp_path):
     code = (
         "import sys; from mpguide.cli import main; rc = main(['casts', sys.argv[1]]); "

@@ -6,6 +6,9 @@ from mpguide import MPGuideError
 from mpguide.compiled import backends, compile_logs, graphs
 from mpguide.core import versions
 
+# Slow: inductor compiles (nox -s tests -- -m 'not slow' leaves it out).
+pytestmark = pytest.mark.slow
+
 
 def test_unused_conversions_finds_a_dropped_rounding():
     kernel = """

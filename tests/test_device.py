@@ -106,6 +106,7 @@ def test_simulate_restores_every_switch_even_when_the_block_raises():
     assert type(torch.randn(2)) is torch.Tensor
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_a_module_with_parameters_on_a_simulated_cuda_does_not_abort():
     # Autograd on fake CUDA tensors aborts a CPU-only build's process: run it in another one.

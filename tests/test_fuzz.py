@@ -19,11 +19,15 @@ import re
 import tempfile
 import tracemalloc
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpguide.cli import main
 from mpguide.traces import trace
+
+# Slow: hundreds of command runs (nox -s tests -- -m 'not slow' leaves it out).
+pytestmark = pytest.mark.slow
 
 CONTROL = re.compile(
     "[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]"

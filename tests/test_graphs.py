@@ -37,6 +37,7 @@ def test_aot_eager_keeps_the_bf16_bmm_and_copies_into_fp32():
     assert nodes["add"].meta["val"].dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_inductor_graph_is_decomposed_into_fp32_multiply_and_sum():
     g = graphs.capture(matmul_out_fp32, *issue_inputs(), backend="inductor")
     targets = _targets(g.forward)
@@ -159,6 +160,7 @@ def _simulated(dev_type, fn, specs, backend, requires_grad=False, autocast=None)
 _ISSUE_SPECS = ("bf16[32,7,1,8]", "bf16[32,7,8,1]", "bf16[32,7,1,1]")
 
 
+@pytest.mark.slow
 def test_simulated_cuda_inductor_keeps_the_bmm_that_cpu_decomposes():
     cpu = _simulated("cpu", matmul_out_fp32, _ISSUE_SPECS, "inductor")
     cuda = _simulated("cuda", matmul_out_fp32, _ISSUE_SPECS, "inductor")
@@ -171,7 +173,7 @@ def test_simulated_cuda_inductor_keeps_the_bmm_that_cpu_decomposes():
         assert g.note == graphs.SIMULATED_INDUCTOR and g.kernels() == () and g.code == ()
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     ("fn", "specs", "grad"),
     [
@@ -299,6 +301,7 @@ def test_inputs_read_the_graph_notation():
     assert s.shape == ()
 
 
+@pytest.mark.slow
 def test_simulated_inductor_lacks_the_pattern_passes_but_not_a_dtype_change():
     torch.manual_seed(0)
     lin, x = torch.nn.Linear(32, 16), torch.randn(8, 32)

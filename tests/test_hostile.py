@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from mpguide.cli import main
 from mpguide.traces import calltree, tracegen
@@ -104,6 +104,7 @@ def write_trace(path: Path, *events) -> str:
 # Compression bombs and unbounded buffers
 
 
+@pytest.mark.slow
 def test_a_gzip_of_blanks_is_refused_without_reading_it_all(tmp_path):
     bomb = tmp_path / "blank.json.gz"
     bomb.write_bytes(gzip_members((b" " * (16 * MiB), 128)))  # 2 GiB of blanks
@@ -113,6 +114,7 @@ def test_a_gzip_of_blanks_is_refused_without_reading_it_all(tmp_path):
     assert proc.seconds < 30
 
 
+@pytest.mark.slow
 def test_a_gzip_of_nul_bytes_is_refused_at_its_first_byte(tmp_path):
     bomb = tmp_path / "nul.json.gz"
     bomb.write_bytes(gzip_members((bytes(16 * MiB), 64)))  # 1 GiB of NUL
@@ -121,6 +123,7 @@ def test_a_gzip_of_nul_bytes_is_refused_at_its_first_byte(tmp_path):
     assert proc.seconds < 30
 
 
+@pytest.mark.slow
 def test_the_decompressed_size_is_capped_and_the_cap_can_be_raised(tmp_path):
     events = TINY * (MiB // len(TINY))
     bomb = tmp_path / "tiny.json.gz"
@@ -133,6 +136,7 @@ def test_the_decompressed_size_is_capped_and_the_cap_can_be_raised(tmp_path):
     assert raised.returncode == 0, raised.stderr.decode()[-3000:]
 
 
+@pytest.mark.slow
 def test_a_plain_file_over_the_default_cap_is_refused_before_it_is_read(tmp_path):
     big = tmp_path / "big.json"
     with big.open("wb") as f:
@@ -142,6 +146,7 @@ def test_a_plain_file_over_the_default_cap_is_refused_before_it_is_read(tmp_path
     assert proc.seconds < 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("filler", [b" ", b"a"])
 def test_the_read_buffer_is_bounded_when_no_event_boundary_comes(tmp_path, filler):
     bomb = tmp_path / "open.json.gz"
@@ -150,6 +155,7 @@ def test_the_read_buffer_is_bounded_when_no_event_boundary_comes(tmp_path, fille
     refused(capped(tmp_path, "casts", str(bomb)), "no event boundary")
 
 
+@pytest.mark.slow
 def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     # Events with args, so that memory runs out in numpy or a bytes object: msgspec 0.22
     # crashes when an allocation fails while it decodes many small structs.
@@ -307,6 +313,7 @@ def held(tmp_path):
         proc.communicate()
 
 
+@pytest.mark.slow
 @needs_proc
 @pytest.mark.parametrize(
     ("sig", "status", "word"),
@@ -328,6 +335,7 @@ def test_a_signal_mid_decode_ends_both_processes_and_leaves_nothing(
     assert list(tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_killed_command_leaves_no_worker_and_no_file(held):
     proc, worker, tmp = held
@@ -440,6 +448,7 @@ def test_graph_help_says_the_file_is_imported(capsys):
     assert "running nothing" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_disk_is_one_line(tmp_path):
     path = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
@@ -499,6 +508,7 @@ def plain_process(*args: str, env: dict | None = None, **kw) -> subprocess.Compl
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
 def test_output_in_an_encoding_that_is_not_utf8(tmp_path, encoding):
     path = write_trace(
@@ -519,6 +529,7 @@ def test_output_in_an_encoding_that_is_not_utf8(tmp_path, encoding):
     assert all("aten::to\\u2603  " in out for out in outs[1:])
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_is_one_line(tmp_path, monkeypatch, capsys):
     path = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0))
     proc = subprocess.run(
@@ -537,6 +548,7 @@ def test_a_closed_stdout_is_one_line(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("mpguide: error: cannot write the output: stdout")
 
 
+@pytest.mark.slow
 def test_the_readers_threads_and_forks_do_not_outlive_or_repeat_the_report(tmp_path):
     (tmp_path / "mine.py").write_text(
         "import os, threading, time\n"
@@ -554,6 +566,7 @@ def test_the_readers_threads_and_forks_do_not_outlive_or_repeat_the_report(tmp_p
     assert proc.stdout.decode().count("fp32  ") == 1  # one report, from one process
 
 
+@pytest.mark.slow
 def test_huge_cells_are_cut_and_say_their_length(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "400")
     dims = [[1] * 5_000_000, [1] * 5_000_000]
@@ -583,6 +596,7 @@ def test_invisible_marks_are_escaped(tmp_path, capsys):
     assert r"aten::mm\u200e\u200f\u061c\u200b\u200c\u200d\u2060\ufeff\xad" in out
 
 
+@pytest.mark.slow
 def test_times_that_overflow_give_one_line_and_no_warning(tmp_path):
     path = write_trace(tmp_path / "t.json", op("a", 1.0, 1.0), op("big", 1e308, 1e308))
     refused(capped(tmp_path, "tree", path), "event 1 ('big')")
@@ -657,6 +671,7 @@ def test_the_default_tree_is_bounded_with_durations_and_hidden_events(capsys):
     assert tail[1].startswith("anomalies: ") and "left out" not in tail[1]
 
 
+@pytest.mark.slow
 def test_a_chain_of_100k_nested_events_draws_in_linear_memory(tmp_path):
     n = 100_000
     chain = tmp_path / "chain.json"
@@ -683,6 +698,7 @@ def test_a_chain_of_100k_nested_events_draws_in_linear_memory(tmp_path):
 # Memory bounded by the events a trace holds, not only by its bytes
 
 
+@pytest.mark.slow
 def test_many_tiny_events_under_the_byte_cap_are_refused_in_seconds(tmp_path):
     events = TINY * (MiB // len(TINY))
     bomb = tmp_path / "tiny.json.gz"  # 1.9 GiB of tiny events (55 million) in 6 MB
@@ -734,6 +750,7 @@ def test_jobs_are_capped_at_the_cores_and_the_memory(tmp_path, monkeypatch, caps
     assert "fewer where the free memory" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.slow
 def test_a_reader_that_closes_the_pipe_early_gets_141_and_silence(tmp_path):
     path = tracegen.write(tmp_path / "t.json", 3000)
     proc = subprocess.Popen(

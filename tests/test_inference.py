@@ -140,6 +140,7 @@ def test_choices_say_when_the_fastest_is_within_the_spread():
 
 
 # Importing inductor warns from inside torch 2.13 itself (torch.utils.mkldnn).
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_variant_matches_its_eager_twin(model, inputs):
     bf16 = inference.Variant("bf16 weights", torch.bfloat16)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 LISTED = ROOT / "tests" / "data" / "unlabelled.txt"
 DEVICE = re.compile(r"\b(CUDA|MPS|XPU)\b")
 DTYPE = re.compile(

@@ -110,6 +110,7 @@ def test_cli_bad_input_is_one_line(folder, run, args, message):
     assert proc.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_on_a_transformers_model_built_from_its_config(folder, run, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -255,6 +255,7 @@ def qwen():
     }
 
 
+@pytest.mark.slow
 def test_a_transformers_model_live_and_simulated(qwen):
     model, inputs = qwen
     live = per_module.report(model, inputs, backward=True)

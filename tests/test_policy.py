@@ -39,6 +39,7 @@ def test_catalogue_covers_the_families():
         assert name in names
 
 
+@pytest.mark.slow
 def test_named_ops_fall_in_each_class_on_cpu(bf16):
     assert {"mm", "conv2d", "linear"} <= set(bf16.ops(policy.LOWER))
     assert {"prod", "mse_loss", "linalg_inv"} <= set(bf16.ops(policy.FLOAT32))
@@ -48,10 +49,11 @@ def test_named_ops_fall_in_each_class_on_cpu(bf16):
     assert bf16.ops(policy.NEEDS_HARDWARE) == []
 
 
-def test_the_catalogue_is_every_registered_op():
+@pytest.mark.slow
+def test_the_catalogue_is_every_registered_op(bf16):
     from mpguide.autocast import catalogue
 
-    names = {p.op for p in policy.probe(CPU, torch.bfloat16).probes}
+    names = {p.op for p in bf16.probes}
     registered = catalogue.registered()
     assert set(catalogue.on("cpu")) <= set(registered) and "mm" in catalogue.on("cpu")
     assert names == {e.name for e in catalogue.entries() if e.op is not None}
@@ -59,6 +61,7 @@ def test_the_catalogue_is_every_registered_op():
     assert "cross" in registered and "linalg_cross" not in registered
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["matmul", "mm", "linear", "conv2d", "bmm"])
 def test_matmul_family_runs_in_bf16_on_cpu(bf16, op):
     assert bf16.kind(op) == policy.LOWER
@@ -66,12 +69,14 @@ def test_matmul_family_runs_in_bf16_on_cpu(bf16, op):
     assert "float32->bfloat16" in bf16[op].casts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["mse_loss", "prod", "linalg_inv"])
 def test_cpu_fp32_list_ops_upcast_bf16(bf16, op):
     assert bf16.kind(op) == policy.FLOAT32
     assert bf16[op].low_in.out == torch.float32
 
 
+@pytest.mark.slow
 def test_cat_promotes_on_cpu_but_addcmul_promotes_natively(bf16):
     # cat: autocast casts the bf16 input to float32 before the op.
     assert bf16.kind("cat") == policy.PROMOTE
@@ -82,6 +87,7 @@ def test_cat_promotes_on_cpu_but_addcmul_promotes_natively(bf16):
     assert bf16["addcmul"].mixed_in.out == torch.float32
 
 
+@pytest.mark.slow
 def test_unchanged_ops_keep_their_input_dtype(bf16):
     for op in ("exp", "softmax", "sum"):
         assert bf16.kind(op) == policy.UNCHANGED
@@ -101,6 +107,7 @@ def test_an_op_that_raises_is_reported_not_fatal():
     assert "RuntimeError: no kernel" in result.table().to_text()
 
 
+@pytest.mark.slow
 def test_a_mixed_only_error_keeps_the_uniform_class(bf16):
     probe = bf16["dot"]
     assert probe.mixed_in.error is not None and probe.kind != policy.UNSUPPORTED
@@ -130,6 +137,7 @@ def test_warnings_are_captured_not_raised():
     assert result["w"].note == "UserWarning: careful"
 
 
+@pytest.mark.slow
 def test_table_is_grouped_by_class(bf16):
     kinds = bf16.table().column("class")
     order = [policy.CLASSES.index(k) for k in kinds]
@@ -137,15 +145,16 @@ def test_table_is_grouped_by_class(bf16):
     assert "torch " + torch.__version__ in bf16.caption
 
 
+@pytest.mark.slow
 def test_bf16_and_fp16_agree_on_cpu(bf16):
     fp16 = policy.probe(CPU, torch.float16)
     assert policy.differences(bf16, fp16).rows == ()
     assert policy.differences(bf16, bf16).rows == ()
 
 
-def test_differences_between_devices_name_both_labels(bf16):
-    cuda = policy.probe("cuda", torch.bfloat16, simulate=True)
-    diff = policy.differences(bf16, cuda)
+@pytest.mark.slow
+def test_differences_between_devices_name_both_labels(bf16, cuda_sim):
+    diff = policy.differences(bf16, cuda_sim)
     assert diff.columns[2:4] == (f"cpu ({device.LIVE})", "cuda (simulated)")
     rows = {r[0]: r for r in diff.rows}
     assert rows["sum"][2:4] == (policy.UNCHANGED, policy.FLOAT32)
@@ -170,6 +179,7 @@ def cuda_sim():
     return policy.probe("cuda", torch.bfloat16, simulate=True)
 
 
+@pytest.mark.slow
 def test_simulated_cuda_runs_reductions_softmax_and_norms_in_float32(cuda_sim):
     assert cuda_sim.how == device.SIMULATED and device.SIMULATED in cuda_sim.caption
     for op in ("sum", "cumsum", "softmax", "log_softmax", "logsumexp", "layer_norm", "exp"):
@@ -179,34 +189,40 @@ def test_simulated_cuda_runs_reductions_softmax_and_norms_in_float32(cuda_sim):
     assert cuda_sim["mv"].undecided == ()  # autocast makes the mixed inputs bf16 first
 
 
+@pytest.mark.slow
 def test_simulated_cuda_adds_dtype_or_a_cast(cuda_sim):
     (sum_call,) = [c for c in cuda_sim["sum"].low_in.calls if c.op == "aten.sum.default"]
     assert sum_call.dtype_arg == torch.float32 and sum_call.out == torch.float32
     assert cuda_sim["softmax"].low_in.casts == ((torch.bfloat16, torch.float32),)
 
 
+@pytest.mark.slow
 def test_autocast_refusing_an_op_is_a_rule_not_a_gap(cuda_sim):
     bce = cuda_sim["binary_cross_entropy"]
     assert bce.kind == policy.UNSUPPORTED and bce.fp32_in.error and not bce.fp32_in.error_outside
 
 
+@pytest.mark.slow
 def test_a_kernel_that_refuses_the_dtype_on_the_cpu_too_is_unsupported(cuda_sim):
     quantile = cuda_sim["quantile"]
     assert quantile.kind == policy.UNSUPPORTED
     assert quantile.note.startswith("the kernel refuses the dtype")
 
 
+@pytest.mark.slow
 def test_a_meta_kernel_more_permissive_than_the_cpus_needs_hardware(cuda_sim):
     cholesky = cuda_sim["linalg_cholesky"]
     assert cholesky.kind == policy.NEEDS_HARDWARE and "the CPU kernel refuses" in cholesky.note
 
 
+@pytest.mark.slow
 def test_casts_before_a_raising_meta_kernel_decide_the_class(cuda_sim):
     # gru_cell has no meta kernel; CUDA autocast has cast its float32 inputs to bf16 by then
     assert cuda_sim.kind("gru_cell") == policy.LOWER
     assert cuda_sim["gru_cell"].note.startswith("from the casts autocast inserted")
 
 
+@pytest.mark.slow
 def test_simulation_reproduces_the_real_cpu_but_for_meta_gaps():
     gaps = policy.meta_gaps(torch.bfloat16, policy.CATALOGUE)
     assert list(gaps["pdist"]) == ["low_in"]
@@ -219,6 +235,7 @@ def test_simulation_reproduces_the_real_cpu_but_for_meta_gaps():
     assert simulated["pdist"].note == gaps["pdist"]["low_in"]
 
 
+@pytest.mark.slow
 def test_a_mixed_run_the_meta_kernel_allows_is_marked_not_guessed(cuda_sim):
     # _addmm_activation: lower precision on CUDA from the float32 run; its mixed run reaches a
     # kernel that the CPU refuses for mixed dtypes, so that cell is undecided
@@ -239,6 +256,7 @@ def test_a_simulated_probe_restores_autocast_when_an_op_raises():
     assert (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["table", "markdown", "json", "csv"])
 def test_the_label_is_in_every_format(cuda_sim, bf16, fmt):
     assert device.SIMULATED in cuda_sim.table().render(fmt)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from mpguide import MPGuideError
 from mpguide.cli import main
@@ -41,6 +41,7 @@ def with_info(path: Path, rank: int, ops: int, seed: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_real_ranks_as_the_per_file_report_gives_them():
     found = ranks.casts_of_ranks(RANKS, jobs=2)
     assert [(r.rank, r.origin) for r in found.rows] == [
@@ -195,6 +196,7 @@ def cluster():
         yield local
 
 
+@pytest.mark.slow
 def test_a_local_cluster_of_two_workers_gives_what_the_pool_gives(cluster, capsys, tmp_path):
     address = cluster.scheduler_address
     on_cluster = ranks.casts_of_ranks(RANKS, scheduler=address)
@@ -209,6 +211,7 @@ def test_a_local_cluster_of_two_workers_gives_what_the_pool_gives(cluster, capsy
     assert err.startswith("mpguide: error: ") and "rank1.json: not a chrome trace" in err
 
 
+@pytest.mark.slow
 def test_a_relative_directory_reaches_the_workers(cluster, monkeypatch):
     """The workers have their own working directory: the paths sent are absolute, and the
     rows name the files as the reader gave them."""
@@ -218,6 +221,7 @@ def test_a_relative_directory_reaches_the_workers(cluster, monkeypatch):
     assert all(not Path(r.file).is_absolute() for r in on_cluster.rows)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_names_its_trace(cluster):
     path = str(RANKS / "sampled_rank-0.json.gz")
     with pytest.raises(MPGuideError, match="the Dask workers reading it died"):
@@ -231,6 +235,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
 def test_ctrl_c_leaves_no_process_behind(ctrl_c_heard, tmp_path):
     first = tracegen.write(tmp_path / "rank0.json", 40_000)

@@ -10,6 +10,9 @@ from mpguide import MPGuideError
 from mpguide.core import record
 from mpguide.core.table import Table
 
+# Slow: runs the site's recordings (nox -s tests -- -m 'not slow' leaves it out).
+pytestmark = pytest.mark.slow
+
 CPU = torch.device("cpu")
 
 

@@ -381,6 +381,7 @@ def write_generated(path, ops, layout, **options):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["object", "indented", "list"])
 def test_large_files_decode_in_two_processes_as_in_one(tmp_path, monkeypatch, layout):
     path = write_generated(tmp_path / "t.json", 300, layout, python=True, gpu=True, threads=2)

@@ -567,6 +567,7 @@ def test_shard_wraps_each_block_then_the_root_with_the_policy():
         assert isinstance(whole, FSDPModule)
 
 
+@pytest.mark.slow
 def test_communication_in_two_processes():
     comm = distributed.communication(
         2, ("DDP, fp16_compress_hook", "FSDP2, param bf16, reduce bf16"), scales=(1.0, 1e-7)
@@ -601,6 +602,7 @@ def test_communication_rejects_bad_input(kwargs, message):
         distributed.communication(**kwargs)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_reported_in_one_line():
     with pytest.raises(RuntimeError, match=r"rank 0 failed: KeyError: 'no such setup'"):
         distributed._run_ranks(1, json.dumps([["no such setup", 1.0]]), timeout=120)

@@ -1,15 +1,14 @@
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT
 
 from mpguide import MPGuideError
 from mpguide.autocast import policy
 from mpguide.core import state, version_diffs, version_probes, versions
 
-ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "recorded" / "versions"
 
 
