@@ -1,7 +1,7 @@
 """Every ATen op this torch build registers an autocast kernel for, per device type, with inputs
 to call it: the first working sample of torch's own OpInfo for the op (``op_db`` of
-``torch.testing._internal``, which needs the ``expecttest`` package) where one exists, else a
-small hand-written call, else none (the op is listed and counted, not probed).
+``torch.testing._internal``, which needs ``expecttest``, a dependency of mpguide) where one
+exists, else a small hand-written call, else none (the op is listed and counted, not probed).
 
 An op is an ATen packet (``conv2d``); the overloads registered on each device are kept. The
 OpInfo whose ``aten_name`` (or name) is the packet's provides the call: ``F.conv2d`` for

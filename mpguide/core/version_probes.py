@@ -206,7 +206,8 @@ def record(command: str, groups: tuple[str, ...] = GROUPS) -> dict:
     if "autocast" in groups and not catalogue.has_samples():
         raise MPGuideError(
             "recording the autocast policy needs torch's OpInfo samples, which import only with "
-            "expecttest: pip install expecttest (recordings made without them would differ)"
+            "expecttest, a dependency of mpguide: pip install expecttest (recordings made without "
+            "them would differ)"
         )
     doc: dict[str, Any] = {"schema": SCHEMA, "provenance": provenance(command)}
     for group in groups:
