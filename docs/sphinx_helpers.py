@@ -1,12 +1,14 @@
 """Callables that conf.py names by string, so the Sphinx configuration stays picklable."""
 
+import contextlib
 import warnings
 
-from mpguide.core import state
+from mpguide.core import quiet, state
 
 # Taken when Sphinx imports this module, before any example has run.
 _PRISTINE = state.snapshot()
 _FILTERS = list(warnings.filters)
+_EXAMPLE = contextlib.ExitStack()
 
 
 def reset_torch_state(gallery_conf, fname, when=None):
@@ -15,6 +17,7 @@ def reset_torch_state(gallery_conf, fname, when=None):
     A Python warning raised inside an example is an error, as in the tests: the example stops
     and the build fails, instead of a warning scrolling past in the build log."""
     state.reset(_PRISTINE)
+    _EXAMPLE.close()
 
     import matplotlib.pyplot as plt
 
@@ -26,6 +29,9 @@ def reset_torch_state(gallery_conf, fname, when=None):
         warnings.filterwarnings(
             "ignore", r"`torch\.jit\.script_method` is deprecated", DeprecationWarning
         )
+        # torchao, which transformers imports when a page builds its model, logs lines that
+        # sphinx-gallery would put in the page's output.
+        _EXAMPLE.enter_context(quiet.library_imports())
 
 
 def figures(block, block_vars, gallery_conf):

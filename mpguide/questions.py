@@ -1,5 +1,6 @@
-"""Readers' questions: the collected list (``docs/questions/questions.json``), ranked by how
-often a confusion recurs, with the page section that answers each one.
+"""Readers' questions: the collected list (``mpguide/data/questions.json``, package data, so an
+installed mpguide reads it too), ranked by how often a confusion recurs, with the page section
+that answers each one.
 
 A question's ``answered_by`` is ``path/to/plot_page.py#anchor``: the anchor is the HTML id
 Sphinx gives the section heading (:func:`anchor`), so :func:`sections` of the page must list it.
@@ -22,8 +23,8 @@ from pathlib import Path
 from mpguide import MPGuideError
 from mpguide.core.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "docs" / "questions" / "questions.json"
+DATA = Path(__file__).with_name("data") / "questions.json"
+"""The collected questions, shipped with the package (``package-data`` in pyproject.toml)."""
 COVERAGE = ("full", "part", "none")
 THEMES = ("compile", "switches", "attention", "autocast", "training", "fsdp2", "inference")
 LINK = re.compile(

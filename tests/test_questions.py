@@ -10,6 +10,15 @@ from mpguide import MPGuideError, questions
 COLLECTED = questions.load()
 
 
+def test_the_data_file_is_package_data_so_an_installed_mpguide_reads_it():
+    tomllib = pytest.importorskip("tomllib")
+    package = Path(questions.__file__).parent
+    assert questions.DATA.is_relative_to(package) and questions.DATA.is_file()
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = setuptools["package-data"]["mpguide"]
+    assert any(questions.DATA.relative_to(package).match(g) for g in globs), globs
+
+
 def test_at_least_sixty_questions_from_2024_to_2026():
     assert len(COLLECTED) >= 60
     assert all("2024-01" <= q.asked <= "2026-12" for q in COLLECTED)

@@ -15,8 +15,8 @@ compiled code follows its own rule.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
-# the CPU. Autocast uses bf16 on either.
+# Everything runs live on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when
+# present, else the CPU. Autocast uses bf16 on either.
 import torch
 import torch.nn.functional as F
 

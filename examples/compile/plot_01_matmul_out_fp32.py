@@ -131,8 +131,8 @@ graphs.side_by_side(cpu_ind, cuda_ind)
 # %%
 # ``aot_eager`` gets the same graph on both devices, node for node (op, dtype and shape).
 # Inductor's decompositions differ: on the CPU the batch of dot products becomes a float32
-# multiply and sum, on CUDA the bf16 ``bmm`` stays, and the product is rounded to bf16 by the
-# ``bmm`` itself.
+# multiply and sum, on CUDA (live on a GPU, simulated without one) the bf16 ``bmm`` stays, and
+# the product is rounded to bf16 by the ``bmm`` itself.
 cuda_ops = cuda_ind.nodes()
 same_aot = cpu_aot.nodes() == cuda_aot.nodes()
 print(f"aot_eager: the same graph on cpu and cuda: {same_aot}")

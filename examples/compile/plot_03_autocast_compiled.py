@@ -168,10 +168,10 @@ cuda_ind.flow()
 
 
 # %%
-# The softmax: CUDA's autocast runs it in float32, so its graph converts the ``addmm`` result to
-# float32 before it, where the CPU's leaves it in bf16. Inductor then has nothing to widen on
-# CUDA: its forward graph makes the same conversions as ``aot_eager``'s, while on the CPU it adds
-# its own around the bf16 softmax.
+# The softmax: CUDA's autocast (live on a GPU, simulated without one) runs it in float32, so its
+# graph converts the ``addmm`` result to float32 before it, where the CPU's leaves it in bf16.
+# Inductor then has nothing to widen on CUDA: its forward graph makes the same conversions as
+# ``aot_eager``'s, while on the CPU it adds its own around the bf16 softmax.
 def softmax_dtype(g):
     (node,) = [t for op, t in g.nodes() if op == "aten._softmax"]
     return node.split("[")[0]
@@ -188,9 +188,9 @@ assert ("bf16", "f32") in conversions(cuda_aot.flow())
 
 # %%
 # The four forward graphs as strips, one box per node in graph order, coloured by the dtype it
-# returns, conversions outlined: autocast's casts to bf16 before ``addmm`` in every graph; on
-# CUDA the cast of its result to float32 for the softmax; on the CPU inductor's own conversions
-# around the bf16 softmax.
+# returns, conversions outlined: autocast's casts to bf16 before ``addmm`` in every graph; on CUDA
+# (simulated without a GPU) the cast of its result to float32 for the softmax; on the CPU inductor's
+# own conversions around the bf16 softmax.
 from mpguide import plots
 
 _ = plots.graph_strips(cpu_aot, cpu_ind, cuda_aot, cuda_ind,

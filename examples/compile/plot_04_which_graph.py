@@ -178,16 +178,17 @@ with device.tensors(cuda):
 on_cuda
 
 # %%
-# The forward graph for CUDA rounds to bf16 and widens back as on the CPU.
+# The forward graph for CUDA (live on a GPU, simulated without one) rounds to bf16 and widens
+# back as on the CPU.
 cuda_converts = [t for op, t in on_cuda.nodes() if op == "prims.convert_element_type"]
 print(f"{on_cuda.label}: convert_element_type to {cuda_converts}")
 assert cuda_converts[:2] == ["bf16[8]", "f32[8]"]
 assert cuda_converts == [t for op, t in live_cpu.nodes() if op == "prims.convert_element_type"]
 
 # %%
-# The graphs to read, as strips: inductor's forward and backward graphs on the CPU and its
-# forward graph for CUDA, one box per node coloured by the dtype it returns, conversions
-# outlined: the round to bf16 and back, then the float32 ``sin``.
+# The graphs to read, as strips: inductor's forward and backward graphs on the CPU and its forward
+# graph for CUDA (simulated without a GPU), one box per node coloured by the dtype it returns,
+# conversions outlined: the round to bf16 and back, then the float32 ``sin``.
 from mpguide import plots
 
 _ = plots.graph_strips(live_cpu, on_cuda, which=("forward", "backward"),

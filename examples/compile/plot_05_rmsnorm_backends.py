@@ -218,8 +218,9 @@ if dev.type == "cpu":
 #   ``emulate_precision_casts``, as a config or an environment variable, restores the rounding
 #   (in the CPU kernel since torch 2.13; before, the CPU kernel ignored it).
 # - The built-in ``F.rms_norm`` in bf16 rounds once, so emulation changes nothing.
-# - Inductor's graph keeps the intermediate rounding on the CPU and for CUDA alike; the CPU
-#   kernel drops it, and what CUDA's kernel does needs a GPU.
+# - Inductor's graph keeps the intermediate rounding on the CPU and for CUDA alike (CUDA's
+#   simulated without a GPU); the CPU kernel drops it, and what CUDA's kernel does needs
+#   hardware.
 # - What differs after emulation (where the kernel honours it) is a few elements, each one bf16
 #   step, each at a float32 value beside a bf16 rounding midpoint: the float32 reductions run in
 #   another order.

@@ -151,8 +151,8 @@ assert ((values.float() * (1 / values.float()) * FP8_MAX) <= FP8_MAX * (1 + 2**-
 #   ``aot_eager`` round twice, inductor computes in float32 and returns a different scale.
 # - ``emulate_precision_casts`` gives eager's scale under inductor (on the CPU since torch 2.13;
 #   before, the CPU kernel ignored it and gave inductor's).
-# - The graphs for CUDA carry the same bf16 reciprocal and product; what its kernels compute
-#   needs a GPU.
+# - The graphs for CUDA (simulated without a GPU) carry the same bf16 reciprocal and product;
+#   what its kernels compute needs hardware.
 # - Taking ``amax`` to float32 first makes every backend agree.
 # - A bf16 scale rounded up pushes ``amax * scale`` past the fp8 maximum for about half of all
 #   bf16 ``amax`` values in [1, 16); the saturating cast clips the largest element.

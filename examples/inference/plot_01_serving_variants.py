@@ -82,7 +82,8 @@ assert all(p.dtype == torch.float32 for p in model.parameters())
 # ---------------------
 # :func:`mpguide.models.inference.standard` lists fp32; the model cast to bf16 and to fp16 (weights
 # and activations in that dtype); and float32 weights under :func:`torch.autocast` with bf16
-# (plus fp16 on CUDA). Each runs under :func:`torch.inference_mode` on the same 64 test inputs.
+# (plus fp16 on CUDA). Each runs live on this machine's device under
+# :func:`torch.inference_mode`, on the same 64 test inputs.
 # Errors are the absolute difference of the logits from fp32's; "same class %" is the share of
 # inputs whose predicted class matches fp32's; latencies are medians of interleaved rounds
 # after warm-up, with the interquartile range.

@@ -16,8 +16,8 @@ differently inside attention.
 # %%
 # Setup
 # -----
-# The report runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
-# the CPU. Its float64 reference runs on the same device.
+# The report runs live on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when
+# present, else the CPU. Its float64 reference runs on the same device.
 import torch
 
 from mpguide.autocast import device

@@ -41,8 +41,9 @@ Table(
 )
 
 # %%
-# What the installed torch starts with, asserted: IEEE fp32 for matmuls everywhere (the root,
-# CUDA matmul and oneDNN inherit ``none``), but cuDNN convolutions and RNNs are allowed TF32.
+# What the installed torch starts with, read live in this process and asserted: IEEE fp32 for
+# matmuls everywhere (the root, CUDA matmul and oneDNN inherit ``none``), but cuDNN convolutions and
+# RNNs are allowed TF32.
 inheriting = [p for p, v in defaults.items() if v == "none"]
 assert defaults["cudnn.conv.fp32_precision"] == defaults["cudnn.rnn.fp32_precision"] == "tf32"
 assert set(inheriting) == set(defaults) - {"cudnn.conv.fp32_precision", "cudnn.rnn.fp32_precision"}
@@ -75,9 +76,9 @@ writes = switches.changes(calls)
 writes
 
 # %%
-# The legacy calls write through to the tree: ``high`` means TF32 for CUDA and oneDNN matmuls,
-# ``medium`` means TF32 on CUDA and bf16 on oneDNN, ``allow_tf32`` sets the CUDA leaves.
-# Turning cuDNN's TF32 off writes ``none``, not ``ieee``.
+# The legacy calls write through to the tree (read live after each call): ``high`` means TF32 for
+# CUDA and oneDNN matmuls, ``medium`` means TF32 on CUDA and bf16 on oneDNN, ``allow_tf32`` sets the
+# CUDA leaves. Turning cuDNN's TF32 off writes ``none``, not ``ieee``.
 high = writes["torch.set_float32_matmul_precision('high')"]
 medium = writes["torch.set_float32_matmul_precision('medium')"]
 assert (
@@ -151,7 +152,8 @@ Table(
 )
 
 # %%
-# CUDA has no bf16 mode for fp32 matmuls: the setter refuses it.
+# CUDA has no bf16 mode for fp32 matmuls: the setter refuses it, live in this process (setting a
+# switch needs no GPU).
 try:
     with switches.precision({"cuda.matmul.fp32_precision": "bf16"}):
         pass

@@ -6,7 +6,7 @@ Which mixed-precision questions do readers keep asking? We collected them from i
 and pull requests of pytorch/pytorch, transformers, accelerate, Lightning, torchtitan, torchao,
 TransformerEngine and their neighbours, and from the PyTorch forums, asked in 2024-2026,
 grouped the threads that ask the same thing, and ranked the confusions by how many threads
-ask them. The list is data (``docs/questions/questions.json``, read by
+ask them. The list is data shipped with the package (``mpguide/data/questions.json``, read by
 :mod:`mpguide.questions`); each question links the threads and the section of this guide that
 answers it, and says whether the answer is full, partial, or still missing.
 """

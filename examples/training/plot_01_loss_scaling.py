@@ -15,8 +15,9 @@ bf16 has float32's exponent range and loses none.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
-# else the CPU. This torch runs fp16 autocast on the CPU as well.
+# Results are live, on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# else the CPU (the one section about CUDA's rules simulates them without a GPU, and says so).
+# This torch runs fp16 autocast on the CPU as well.
 import torch
 
 from mpguide.autocast import device
@@ -421,12 +422,12 @@ if not torch.cuda.is_available():
     )
 
 # %%
-# fp16 weights cannot be unscaled: a GradScaler is for float32 weights under fp16 autocast
-# (or fp16 weights with a float32 master copy the optimizer steps). With bf16, the running
-# torch (printed above) raises nothing: the scaler multiplies and divides by powers of two,
-# which bf16 does exactly, and the scale is not needed, since bf16 flushed no gradient above. A
-# scaler made for ``"cuda"`` on a machine without CUDA switches itself off with a warning, and
-# the loss goes unscaled.
+# Live on this device: fp16 weights cannot be unscaled, a GradScaler is for float32 weights
+# under fp16 autocast (or fp16 weights with a float32 master copy the optimizer steps). With
+# bf16, the running torch (printed above) raises nothing: the scaler multiplies and divides by
+# powers of two, which bf16 does exactly, and the scale is not needed, since bf16 flushed no
+# gradient above. A scaler made for ``"cuda"`` on a machine without CUDA switches itself off
+# with a warning, and the loss goes unscaled.
 #
 # What we saw
 # -----------

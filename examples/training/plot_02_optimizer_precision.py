@@ -5,20 +5,21 @@ Optimizer precision: bf16 weights and states, and three remedies
 Training in pure bf16 keeps the weights and AdamW's moments in bf16. Which updates do they
 lose, and what do fp32 master weights, stochastic rounding and Kahan summation win back? We
 check every positive bf16 number against AdamW's per-step factors, read the state dtypes of
-the built-in optimizers on the CPU and CUDA, add many small updates to one bf16 weight each
-way, and train a small next-character model for 200 steps with each setup against float32,
-on this build's device. bf16 states cannot decay by ``beta2`` and pure bf16 trails float32;
-a master copy, stochastic rounding and Kahan summation each end within a small fraction of
-that gap, at different memory costs.
+the built-in optimizers on the CPU and CUDA (CUDA's simulated without a GPU), add many small
+updates to one bf16 weight each way, and train a small next-character model for 200 steps
+with each setup against float32, on this build's device. bf16 states cannot decay by
+``beta2`` and pure bf16 trails float32; a master copy, stochastic rounding and Kahan summation
+each end within a small fraction of that gap, at different memory costs.
 """
 
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
-# else the CPU. Why a bf16 weight loses an update smaller than half its spacing is shown on
-# :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`, with SGD; this page
-# starts from there.
+# Results are live, on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# else the CPU (the optimizers' CUDA states are simulated without a GPU, and say so). Why a bf16
+# weight loses an update smaller than half its spacing is shown on
+# :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`, with SGD; this page starts
+# from there.
 import torch
 
 from mpguide.autocast import device

@@ -47,13 +47,13 @@ norms = norm_layers.norms(bf16, devices=("cpu", "cuda"))
 norms
 
 # %%
-# BatchNorm has no autocast rule on either device: its kernel takes the bf16 input with the
-# float32 weight and running statistics, returns bf16 and updates float32 buffers. LayerNorm,
-# GroupNorm and RMSNorm (since torch 2.12) run in float32 under CUDA's autocast (a bf16 ->
-# float32 cast, a float32 output), and stay in bf16 under the CPU's. RMSNorm without an autocast
-# rule (the CPU's, and CUDA's before 2.12) refuses its fused kernel for a bf16 input with a
-# float32 weight, warns, and computes in float32 through its decomposition, casting back to bf16.
-# This torch:
+# BatchNorm has no autocast rule on either device (CUDA live on a GPU, simulated without one): its
+# kernel takes the bf16 input with the float32 weight and running statistics, returns bf16 and
+# updates float32 buffers. LayerNorm, GroupNorm and RMSNorm (since torch 2.12) run in float32 under
+# CUDA's autocast (a bf16 -> float32 cast, a float32 output), and stay in bf16 under the CPU's.
+# RMSNorm without an autocast rule (the CPU's, and CUDA's before 2.12) refuses its fused kernel for
+# a bf16 input with a float32 weight, warns, and computes in float32 through its decomposition,
+# casting back to bf16. This torch:
 rms_rule = versions.change("rms_norm_cuda_autocast")
 print(rms_rule.describe())
 assert rms_rule.since == "2.12"  # the release this page's prose names
@@ -136,11 +136,12 @@ _ = plots.running_means(
 # %%
 # An overflow upstream of a norm
 # ------------------------------
-# A norm divides its input by its spread, so it would bring large activations back to unit
-# scale, if they reached it. Under fp16 autocast a ``Linear`` whose outputs pass 65504 returns
-# ``inf`` first. We feed a LayerNorm and a BatchNorm (training mode) such activations under
-# each autocast dtype, then use the BatchNorm in eval mode on an ordinary batch. The float32
-# LayerNorm CUDA's autocast would run is here too: the same overflowed tensor cast to float32.
+# A norm divides its input by its spread, so it would bring large activations back to unit scale, if
+# they reached it. Under fp16 autocast a ``Linear`` whose outputs pass 65504 returns ``inf`` first.
+# We feed a LayerNorm and a BatchNorm (training mode) such activations under each autocast dtype,
+# live on this machine's device, then use the BatchNorm in eval mode on an ordinary batch. The
+# float32 LayerNorm CUDA's autocast would run is here too: the same overflowed tensor cast to
+# float32.
 torch.manual_seed(0)
 lin, ln = nn.Linear(8, 8, device=dev), nn.LayerNorm(8, device=dev)
 bn = nn.BatchNorm1d(8, device=dev)

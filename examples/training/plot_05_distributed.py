@@ -73,10 +73,10 @@ Table(
 )
 
 # %%
-# The hook casts the gradient bucket to fp16, all-reduces that (even in a world of one,
-# unlike FSDP2, which skips its collectives there; see the autograd chapter), and copies the
-# result back into the float32 bucket: ``.grad`` stays float32. The bf16 hook is refused at
-# registration on a torch built without CUDA (or XPU), whatever the backend.
+# Live, on the CPU with gloo: the hook casts the gradient bucket to fp16, all-reduces that (even in
+# a world of one, unlike FSDP2, which skips its collectives there; see the autograd chapter), and
+# copies the result back into the float32 bucket: ``.grad`` stays float32. The bf16 hook is refused
+# at registration on a torch built without CUDA (or XPU), whatever the backend.
 #
 # The copy back is a callback on the all-reduce's future. It runs on the thread that
 # completes the all-reduce, gloo's own, unless the all-reduce was already done when the hook
@@ -202,10 +202,10 @@ _ = plots.communication_costs(
 # %%
 # What we saw
 # -----------
-# - DDP all-reduces float32 gradient buckets; ``fp16_compress_hook`` and ``bf16_compress_hook``
-#   cast the bucket down before the all-reduce and back into it after, halving the bytes and
-#   leaving float32 gradients. The bf16 hook is refused on a build without CUDA, whatever the
-#   backend; registered under another name, gloo runs it.
+# - DDP all-reduces float32 gradient buckets (live, on the CPU with gloo); ``fp16_compress_hook``
+#   and ``bf16_compress_hook`` cast the bucket down before the all-reduce and back into it after,
+#   halving the bytes and leaving float32 gradients. The bf16 hook is refused on a build without
+#   CUDA, whatever the backend; registered under another name, gloo runs it.
 # - fp16 compression was the more precise of the two at the loss as it was, and flushed almost
 #   every gradient to zero with the loss multiplied by ``1e-7``, where bf16 kept them.
 # - FSDP2 all-gathers parameters in ``param_dtype`` before forward and before backward,

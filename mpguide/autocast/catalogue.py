@@ -1,7 +1,7 @@
 """Every ATen op this torch build registers an autocast kernel for, per device type, with inputs
 to call it: the first working sample of torch's own OpInfo for the op (``op_db`` of
-``torch.testing._internal``, which needs the ``expecttest`` package) where one exists, else a
-small hand-written call, else none (the op is listed and counted, not probed).
+``torch.testing._internal``, which needs ``expecttest``, a dependency of mpguide) where one
+exists, else a small hand-written call, else none (the op is listed and counted, not probed).
 
 An op is an ATen packet (``conv2d``); the overloads registered on each device are kept. The
 OpInfo whose ``aten_name`` (or name) is the packet's provides the call: ``F.conv2d`` for
@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import re
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -176,24 +179,48 @@ def _hand() -> dict[str, tuple]:
     return hand
 
 
+@contextmanager
+def _import_contained() -> Iterator[None]:
+    """Undo what importing torch's OpInfo database (through its ``common_utils``) does to this
+    process, as seen on torch 2.11.0+cu130, 2.13.0+cpu and 2.14.1+cu130:
+
+    - it calls ``torch.backends.disable_global_flags()``, after which setting a flag such as
+      ``torch.backends.cudnn.allow_tf32`` outside ``torch.backends.flags()`` raises: thawed
+      again on leaving, unless they were frozen before (all three; torch has no public
+      ``enable_global_flags``);
+    - without hypothesis it warns ``ImportWarning`` "Fail to import hypothesis" (all three), an
+      error where warnings are errors (the docs build): ignored;
+    - on a CUDA build without a CUDA runtime ``torch.utils.cpp_extension`` logs "No CUDA runtime
+      is found" to stderr at import (2.11.0+cu130 and 2.14.1+cu130): that logger is off.
+
+    Left alone: it sets ``TORCHINDUCTOR_CACHE_DIR`` to the folder inductor uses by default
+    (all three). It reads ``sys.argv`` only in ``run_tests``, which is never called here.
+    """
+    frozen = torch.backends.flags_frozen()
+    cpp_log = logging.getLogger("torch.utils.cpp_extension")
+    disabled = cpp_log.disabled
+    try:
+        cpp_log.disabled = True
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Fail to import hypothesis", ImportWarning)
+            yield
+    finally:
+        cpp_log.disabled = disabled
+        torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = not frozen
+
+
+@functools.cache
 def _op_db() -> list | None:
-    """torch's OpInfo database, or ``None`` where it cannot be imported (no ``expecttest``).
-    Importing it freezes ``torch.backends``' global flags; they are thawed again."""
-    if "torch.testing._internal.common_methods_invocations" not in sys.modules:
-        argv, frozen = sys.argv, torch.backends.flags_frozen()
+    """torch's OpInfo database, or ``None`` where it cannot be imported (no ``expecttest``);
+    imported once, its side effects undone by :func:`_import_contained`."""
+    name = "torch.testing._internal.common_methods_invocations"
+    if name not in sys.modules:
         try:
-            sys.argv = argv[:1]  # its module reads the command line
-            with warnings.catch_warnings():  # torch's test utilities warn without hypothesis
-                warnings.filterwarnings("ignore", "Fail to import hypothesis", ImportWarning)
-                importlib.import_module("torch.testing._internal.common_methods_invocations")
+            with _import_contained():
+                importlib.import_module(name)
         except ImportError:
             return None
-        finally:
-            sys.argv = argv
-            torch.backends.flags_frozen.__globals__[
-                "__allow_nonbracketed_mutation_flag"
-            ] = not frozen
-    return sys.modules["torch.testing._internal.common_methods_invocations"].op_db
+    return sys.modules[name].op_db
 
 
 def has_samples() -> bool:

@@ -24,9 +24,12 @@ def reader_error(err: BaseException) -> str:
 @contextmanager
 def readers_code(doing: str) -> Iterator[None]:
     """An error or ``SystemExit`` raised by the reader's code inside: one line saying what was
-    being done."""
+    being done. torchao's import-time lines (transformers imports it) are dropped."""
+    from mpguide.core import quiet
+
     try:
-        yield
+        with quiet.library_imports():
+            yield
     except MPGuideError:
         raise
     except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's code: named in one line

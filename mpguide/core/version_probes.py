@@ -206,7 +206,8 @@ def record(command: str, groups: tuple[str, ...] = GROUPS) -> dict:
     if "autocast" in groups and not catalogue.has_samples():
         raise MPGuideError(
             "recording the autocast policy needs torch's OpInfo samples, which import only with "
-            "expecttest: pip install expecttest (recordings made without them would differ)"
+            "expecttest, a dependency of mpguide: pip install expecttest (recordings made without "
+            "them would differ)"
         )
     doc: dict[str, Any] = {"schema": SCHEMA, "provenance": provenance(command)}
     for group in groups:
@@ -395,12 +396,13 @@ def _fp8_cast_overflow() -> str:
 
 @fact("bf16_fft_simulated_cuda")
 def _bf16_fft_fake_cuda() -> str:
-    """What ``fft.rfft`` of a bf16 tensor gives on a fake CUDA device (no kernel runs)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """What ``fft.rfft`` of a bf16 tensor gives on a simulated CUDA device (no kernel runs),
+    autocast off."""
+    from mpguide.autocast import device
 
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False):
-            out = torch.fft.rfft(torch.empty(8, dtype=torch.bfloat16, device="cuda"))
+        with device.simulate("cuda") as cuda:
+            out = torch.fft.rfft(torch.empty(8, dtype=torch.bfloat16, device=cuda))
     except Exception as err:  # noqa: BLE001 - the exception is the observation
         return raised(err)
     return dtypes.name(out.dtype)
