@@ -1,6 +1,7 @@
 """The readers' questions data file and its links to the pages that answer them."""
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import ROOT
