@@ -46,7 +46,9 @@ def page(package: str, modules: list[str]) -> str:
     """The reStructuredText of one folder's page."""
     lines = [".. Written by docs/api_pages.py from the package tree: edits are lost.", ""]
     lines += _heading(package, "=")
-    lines += [f".. automodule:: {package}", ""]
+    # A package's page shows what its __init__ defines; what it re-exports (its __all__)
+    # is shown once, under the module defining it.
+    lines += [f".. automodule:: {package}", "   :ignore-module-all:", ""]
     for module in modules:
         lines += _heading(module, "-")
         lines += [f".. automodule:: {module}", ""]
