@@ -51,6 +51,10 @@ extensions = [
     "sphinx_design",
     "sphinx_gallery.gen_gallery",
     "myst_nb",
+    # One page per folder of the package, made from the package tree (docs/api/).
+    "api_pages",
+    # The notebook pages (docs/*.md) execute while the gallery runs, not after it.
+    "early_notebooks",
 ]
 
 exclude_patterns = [
@@ -122,6 +126,9 @@ sphinx_gallery_conf = {
     "matplotlib_animations": False,
     "image_scrapers": ("sphinx_helpers.figures",),
     "write_computation_times": True,
+    # Which examples use each function and class of mpguide: the API pages list them.
+    "doc_module": ("mpguide",),
+    "backreferences_dir": "docs/_generated/backreferences",
     # A chapter's examples run in parallel, one worker per core (at most four);
     # MPGUIDE_DOCS_JOBS=1 runs them one after another in this process.
     "parallel": int(os.environ.get("MPGUIDE_DOCS_JOBS", min(os.cpu_count() or 1, 4))),
@@ -163,6 +170,7 @@ html_sidebars = {
 # right-hand sidebar (see html_theme_options) into the left one, under the chapters.
 EXAMPLE_PAGES = "docs/auto_examples/*/plot_*"
 html_sidebars[EXAMPLE_PAGES] = ["sidebar-nav-bs", "page-toc"]
+html_sidebars["docs/api/*"] = []
 html_theme_options = {
     "navigation_depth": 2,
     "header_links_before_dropdown": 5,

@@ -94,6 +94,10 @@ def docs(session: nox.Session) -> None:
         "html",
         "-W",
         "--keep-going",
+        # Pages are read and written by one process per core; the examples and the notebook
+        # pages run before that (conf.py: sphinx-gallery's workers and docs/early_notebooks.py).
+        "-j",
+        "auto",
         "-d",
         str(BUILD / "doctrees"),
         ".",
