@@ -116,6 +116,8 @@ def test_dtype_strips_draw_a_box_per_step_and_outline_conversions():
     assert "conversion" in [t.get_text() for t in second.get_legend().get_texts()]
     with pytest.raises(MPGuideError, match="draws on 2 axes; ax holds 1"):
         plots.dtype_strips(strips, ax=second)
+    sub = plt.figure(layout="constrained").subfigures(1, 2)[1]  # axes on a subfigure
+    assert plots.dtype_strips(strips, "a title", ax=sub.subplots(2, 1)) is sub
     plt.close("all")
 
 

@@ -19,6 +19,7 @@ from mpguide.plots.style import (
     grid,
     heading,
     legend_below,
+    width,
 )
 
 if TYPE_CHECKING:
@@ -148,8 +149,8 @@ def dtype_strips(
     # At least 12 slots, so that a short strip keeps small boxes; narrow, so that the labels
     # stay legible when a phone scales the figure down.
     n = max(12, *(len(boxes) for boxes in strips.values()))
-    width = 0.32 * n + 0.6
-    fig, all_axes, own = grid(ax, len(strips), 1, (width, 2.0 * len(strips)))
+    wide = 0.32 * n + 0.6
+    fig, all_axes, own = grid(ax, len(strips), 1, (wide, 2.0 * len(strips)))
     keys = []
     for panel, (name, boxes) in zip(all_axes, strips.items(), strict=True):
         for x, (_, dtype, conversion) in enumerate(boxes):
@@ -182,9 +183,7 @@ def dtype_strips(
         panel.set_yticks([])
         panel.tick_params(length=0, labelsize=SMALL)
         panel.spines[:].set_visible(False)
-        panel.set_title(
-            textwrap.fill(name, int(fig.get_figwidth() * 16)), fontsize=TEXT, loc="left"
-        )
+        panel.set_title(textwrap.fill(name, int(width(fig) * 16)), fontsize=TEXT, loc="left")
     suptitle = fig_title(fig, title)
     _dtype_legend(fig, all_axes[-1], own, keys, conversions=True)
     if not own:
@@ -197,7 +196,7 @@ def dtype_strips(
         return sum(t.get_window_extent(renderer).height for t in texts) / fig.dpi
 
     labels = [t for a in all_axes for t in a.get_xticklabels()]
-    strip = max(map(inches, labels), default=0) + inches(all_axes[0].title) + (width - 0.3) / n
+    strip = max(map(inches, labels), default=0) + inches(all_axes[0].title) + (wide - 0.3) / n
     head = inches(fig.legends[0], *([suptitle] if suptitle else []))
     fig.set_figheight(head + len(strips) * (strip + 0.25) + 0.3)
     return fig

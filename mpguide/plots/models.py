@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from mpguide import MPGuideError
-from mpguide.plots.style import LOST_COLOUR, SERIES_COLOURS, SMALL, TEXT, axes, heading
+from mpguide.plots.style import (
+    LOST_COLOUR,
+    SERIES_COLOURS,
+    SMALL,
+    TEXT,
+    axes,
+    heading,
+    legend_below,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -72,15 +80,6 @@ def module_errors(
     ax.tick_params(axis="y", labelsize=TEXT)
     ax.grid(True, axis="y", alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
-    if own:
-        fig.legend(
-            handles=handles,
-            loc="outside lower center",
-            ncol=len(handles),
-            fontsize=TEXT,
-            frameon=False,
-        )
-    else:
-        ax.legend(handles=handles, fontsize=TEXT, frameon=False)
+    legend_below(fig, ax, own, handles, ncol=len(handles))
     heading(fig, ax, own, title)
     return fig

@@ -16,6 +16,7 @@ from mpguide.plots.style import (
     TITLE,
     axes,
     grid,
+    legend_below,
 )
 
 if TYPE_CHECKING:
@@ -146,10 +147,7 @@ def k_sweep(sweep: KSweep, *, ax: Sequence[Axes] | None = None) -> Figure:
         panel.grid(True, which="major", alpha=0.3)
     ax_abs.set_ylabel("RMS error")
     ax_rel.set_ylabel("max |error| / mean |result|")
-    if own:
-        handles = ax_abs.get_legend_handles_labels()
-        fig.legend(*handles, loc="outside lower center", ncol=3, fontsize=TITLE)
-    else:
-        ax_abs.legend(fontsize=TEXT)
+    handles = ax_abs.get_legend_handles_labels()[0]
+    legend_below(fig, ax_abs, own, handles, ncol=3, fontsize=TITLE, frameon=True)
     fig.suptitle(sweep.caption, fontsize=HEADING)
     return fig

@@ -11,7 +11,7 @@ from mpguide import MPGuideError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure, SubFigure
     from matplotlib.text import Text
 
 # -- colours: one palette (seaborn's "deep"), named once ----------------------------------------
@@ -95,11 +95,18 @@ def grid(
 # -- titles and legends ---------------------------------------------------------------------------
 
 
+def width(fig: Figure | SubFigure) -> float:
+    """The width of a figure, or of a subfigure the caller drew on, in inches."""
+    if hasattr(fig, "get_figwidth"):
+        return fig.get_figwidth()
+    return fig.bbox.width / fig.figure.dpi
+
+
 def fig_title(fig: Figure, text: str, fontsize: float = TITLE) -> Text | None:
     """A title over the whole figure, wrapped to its width (none for an empty ``text``)."""
     if not text:
         return None
-    chars = int(fig.get_figwidth() * 72 / (0.6 * fontsize))
+    chars = int(width(fig) * 72 / (0.6 * fontsize))
     return fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
 
 
@@ -112,10 +119,12 @@ def heading(fig: Figure, ax: Axes, own: bool, text: str) -> Text | None:
 
 
 def legend_below(fig: Figure, ax: Axes, own: bool, handles: Sequence[Any] | None, **kw: Any):
-    """A legend under the axes of a figure this module made, else on ``ax``."""
+    """A legend under the axes of a figure this module made, else right of ``ax``, in one
+    column (``ncol`` is then dropped)."""
     kw = {"fontsize": TEXT, "frameon": False, **kw}
     if handles is not None:
         kw["handles"] = handles
     if own:
         return fig.legend(loc="outside lower center", **kw)
-    return ax.legend(**kw)
+    kw.pop("ncol", None)
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), **kw)

@@ -72,7 +72,7 @@ def icicle(
     width_in = 10.0
     fig, ax, own = axes(ax, (width_in, 0.42 * levels + 1.6))
     # The axes take ~90% of the width of a figure made here.
-    axes_in = width_in * 0.9 if own else ax.get_position().width * fig.get_figwidth()
+    axes_in = width_in * 0.9 if own else ax.get_window_extent().width / fig.figure.dpi
     for (node, depth, in_cast, _), (x, w) in zip(drawn, boxes, strict=True):
         box = Rectangle((x, depth), w, 0.92, edgecolor="white", linewidth=0.6)
         box.set_facecolor(CAST_COLOUR if in_cast else OP_COLOUR)
