@@ -12,6 +12,20 @@ from mpguide.autocast import policy
 from mpguide.core.table import Table
 
 
+def _drawn_on(draw, n=1):
+    """Call ``draw(ax=...)`` with the ``n`` axes of a new figure: it draws on each, returns
+    that figure and makes no other; a figure of one axes gets no figure legend."""
+    fig, axes = plt.subplots(1, n, squeeze=False)
+    axes = list(axes.flat)
+    before = plt.get_fignums()
+    assert draw(ax=axes if n > 1 else axes[0]) is fig
+    assert plt.get_fignums() == before
+    assert all(a.has_data() for a in axes)
+    if n == 1:
+        assert not fig.legends
+    return axes
+
+
 def test_policy_map_colours_each_op_on_each_device():
     ops = [op for op in policy.CATALOGUE if op.name in ("matmul", "sum", "softmax")]
     devices = policy.across(torch.bfloat16, ["cpu", "cuda"], ops, simulate=True)
@@ -26,6 +40,8 @@ def test_policy_map_colours_each_op_on_each_device():
     assert grid == [[lower, unchanged, unchanged], [lower, float32, float32]]  # catalogue order
     only = plots.policy_map(devices, only_differing=True).axes[0]
     assert [t.get_text() for t in only.get_xticklabels()] == ["softmax", "sum"]
+    (ax,) = _drawn_on(lambda ax: plots.policy_map(devices, ax=ax))
+    assert ax.images[0].get_array().tolist() == grid
     plt.close("all")
 
 
@@ -68,6 +84,10 @@ def test_dtype_grid_colours_and_labels_each_cell():
     assert len(plots.dtype_grid(table).axes[0].patches) == 6  # every column but the first
     with pytest.raises(MPGuideError, match="no column 'gpu'"):
         plots.dtype_grid(table, ("gpu",))
+    (ax,) = _drawn_on(lambda ax: plots.dtype_grid(table, ("cpu", "cuda"), "a title", ax=ax))
+    assert _colours(ax.patches) == [plots.DTYPE_COLOURS[k] for k in want]
+    assert ax.get_title(loc="left") == "a title"
+    assert "float32" in [t.get_text() for t in ax.get_legend().get_texts()]
     plt.close("all")
 
 
@@ -91,6 +111,13 @@ def test_dtype_strips_draw_a_box_per_step_and_outline_conversions():
     assert [p.get_linewidth() > 0 for p in forward.patches] == [False, True, False]
     assert len(stages.patches) == 1
     assert "conversion" in [t.get_text() for t in fig.legends[0].get_texts()]
+    strips = {"forward": [("x", torch.float32, False)], "stages": [("to", "bf16", True)]}
+    _, second = _drawn_on(lambda ax: plots.dtype_strips(strips, ax=ax), n=2)
+    assert "conversion" in [t.get_text() for t in second.get_legend().get_texts()]
+    with pytest.raises(MPGuideError, match="draws on 2 axes; ax holds 1"):
+        plots.dtype_strips(strips, ax=second)
+    sub = plt.figure(layout="constrained").subfigures(1, 2)[1]  # axes on a subfigure
+    assert plots.dtype_strips(strips, "a title", ax=sub.subplots(2, 1)) is sub
     plt.close("all")
 
 
@@ -116,6 +143,7 @@ def test_graph_strips_follow_the_dtype_of_each_node():
     assert _colours(forward.patches) == [
         plots.DTYPE_COLOURS[plots.dtype_key(t)] for _, t in g.nodes()
     ]
+    _drawn_on(lambda ax: plots.graph_strips(g, ax=ax))
     plt.close("all")
 
 
@@ -136,6 +164,7 @@ def test_log_strips_draw_each_phase_of_a_log():
     labels = [t.get_text() for t in fig.axes[1].get_xticklabels()]
     assert "_to_copy (weight)" in labels
     assert len(plots.log_strips(log, ["backward"]).axes) == 1
+    _drawn_on(lambda ax: plots.log_strips(log, ax=ax), n=2)
     plt.close("all")
 
 
@@ -156,6 +185,8 @@ def test_backend_bars_draw_one_bar_per_group_and_backend():
     assert [t.get_text() for t in linear.axes[0].texts] == ["0", "65432"]
     with pytest.raises(MPGuideError, match="at most 4 groups"):
         plots.backend_bars({str(i): {"eager": 1.0} for i in range(5)}, "x")
+    (ax,) = _drawn_on(lambda ax: plots.backend_bars(values, "max abs error", ax=ax))
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["round trip", "rope"]
     plt.close("all")
 
 
@@ -175,6 +206,8 @@ def test_comparison_bars_draw_one_statistic_of_each_outcome():
     assert fig.get_suptitle().replace("\n", " ") == f"t, {c.machine.caption()}"
     with pytest.raises(MPGuideError, match="unknown metric 'mean'"):
         plots.comparison_bars({"round trip": c}, "mean")
+    (ax,) = _drawn_on(lambda ax: plots.comparison_bars({"round trip": c}, "max_rel", "t", ax=ax))
+    assert ax.get_title(loc="left") == f"t, {c.machine.caption()}"
     plt.close("all")
 
 
@@ -197,6 +230,9 @@ def test_training_curves_draw_loss_and_lost_share_per_curve():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["float32", "bfloat16"]
     with pytest.raises(MPGuideError, match="at most 4 curves"):
         plots.training_curves({str(i): curves["float32"] for i in range(5)})
+    loss, _ = _drawn_on(lambda ax: plots.training_curves(curves, ax=ax), n=2)
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["float32", "bfloat16"]
+    plt.close("all")
 
 
 def _hex(patch):
@@ -221,6 +257,8 @@ def test_bit_layout_draws_one_box_per_bit_coloured_by_field():
     bf16_row = sorted((b.get_x(), b.get_gid()) for b in boxes if abs(b.get_y() - (1 - 0.35)) < 1e-9)
     assert [g for _, g in bf16_row] == ["sign"] + ["exponent"] * 8 + ["mantissa"] * 7
     assert ax.texts[1].get_text() == "1+8+7 bits, max 3.4e+38, eps 0.0078"
+    (ax,) = _drawn_on(lambda ax: plots.bit_layout(fmts, ax=ax))
+    assert len(ax.patches) == 32 + 16 + 16 + 8
     plt.close("all")
 
 
@@ -235,6 +273,8 @@ def test_bars_groups_series_with_values_and_labels():
     assert [t.get_text() for t in ax.texts] == ["1.0", "2.0", "3.0"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["x", "y"]
     assert ax.get_xlabel() == "count" and ax.get_xscale() == "linear"
+    (ax,) = _drawn_on(lambda ax: plots.bars(values, xlabel="count", ax=ax))
+    assert [p.get_width() for p in ax.patches] == [1.0, 2.0, 3.0]
     plt.close("all")
 
 
@@ -259,6 +299,7 @@ def test_matmul_error_bars_one_bar_per_row_labelled_with_how():
     assert [p.get_width() for p in ax.patches] == [1e-6, 1e-3, 2e-6, 2e-3]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["2 x 3 x 4", "5 x 6 x 7"]
     assert ax.get_xscale() == "log"
+    _drawn_on(lambda ax: plots.matmul_error_bars(result, ax=ax))
     plt.close("all")
 
 
@@ -275,6 +316,7 @@ def test_switch_effects_colours_changed_cells():
     colours = [_hex(p) for p in ax.patches]
     assert colours == [plots.CAST_COLOUR] + [plots.SAME_COLOUR] * 3
     assert [t.get_text() for t in ax.texts] == ["differs by 0.001"] + ["bit-identical"] * 3
+    _drawn_on(lambda ax: plots.switch_effects(effects, ax=ax))
     plt.close("all")
 
 
@@ -286,6 +328,8 @@ def test_overflow_histogram_reddens_the_bins_past_the_limit():
     assert sum(p.get_height() for p in red) == 3
     assert all(p.get_x() >= 8.0 for p in red)
     assert "3 of 6 past it" in ax.texts[0].get_text()
+    (ax,) = _drawn_on(lambda ax: plots.overflow_histogram(values, 8.0, label="|x|", ax=ax))
+    assert sum(p.get_height() for p in ax.patches) == len(values)
     plt.close("all")
 
 
@@ -326,6 +370,8 @@ def test_icicle_draws_every_cpu_op_and_colours_the_casts():
     assert ax.texts[0].get_text() == root.name
     with pytest.raises(ValueError, match="scale"):
         plots.icicle(root, scale="bytes")
+    (ax,) = _drawn_on(lambda ax: plots.icicle(root, report, scale="ops", ax=ax))
+    assert {p.get_gid() for p in ax.patches} == {str(n.id) for n in nodes}
     plt.close("all")
 
 
@@ -352,6 +398,8 @@ def test_k_sweep_draws_each_curve_on_both_axes():
         "float16 inputs, float16 accumulation",
         "sqrt(K) growth",
     ]
+    ax_abs, _ = _drawn_on(lambda ax: plots.k_sweep(KSweep(rows, "caption"), ax=ax), n=2)
+    assert [t.get_text() for t in ax_abs.get_legend().get_texts()] == labels
     plt.close("all")
 
 
@@ -371,6 +419,7 @@ def test_latency_error_places_each_variant_at_its_median_and_error():
     assert [c.lines[0].get_marker() for c in ax.containers] == ["o", "o", "s"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fp32", "bf16", "compiled"]
     assert ax.get_yscale() == "symlog" and ax.get_xscale() == "log"
+    _drawn_on(lambda ax: plots.latency_error([first], ax=ax))
     plt.close("all")
 
 
@@ -411,6 +460,7 @@ def test_cast_costs_stacks_directions_per_cause():
     assert [p.get_width() for p in up] == [0, 10]
     assert [p.get_x() for p in up] == [30, 20]
     assert ax.get_xlabel() == "cast time (CPU op µs)"
+    _drawn_on(lambda ax: plots.cast_costs(report, ax=ax))
     plt.close("all")
 
 
@@ -461,6 +511,7 @@ def test_magnitude_histogram_bins_log2_magnitudes_and_marks_limits():
         plots.magnitude_histogram({"zero": [0.0]}, {})
     with pytest.raises(MPGuideError, match="need 1 to 6 series"):
         plots.magnitude_histogram({}, {})
+    _drawn_on(lambda ax: plots.magnitude_histogram({"raw": values}, {"tiny": 2.0**-24}, ax=ax))
     plt.close("all")
 
 
@@ -476,6 +527,8 @@ def test_scale_trace_draws_the_scale_and_marks_skipped_steps():
     assert ax.get_legend().get_texts()[1].get_text().endswith("skipped (1)")
     with pytest.raises(MPGuideError, match="had no GradScaler"):
         plots.scale_trace(_run("fp32", ((0, 2.0),)))
+    (ax,) = _drawn_on(lambda ax: plots.scale_trace(run, title="t", ax=ax))
+    assert ax.get_title(loc="left") == "t"
     plt.close("all")
 
 
@@ -486,6 +539,7 @@ def test_accumulation_draws_means_and_shades_spread():
     assert len(ax.collections) == 1  # only the series whose weights differ
     with pytest.raises(MPGuideError, match="need 1 to 6 histories"):
         plots.accumulation({})
+    _drawn_on(lambda ax: plots.accumulation(histories, ax=ax))
     plt.close("all")
 
 
@@ -510,6 +564,8 @@ def test_training_runs_draw_losses_differences_and_unchanged_shares():
     many = loop.Runs(runs.runs * 4, "task", runs.machine)
     with pytest.raises(MPGuideError, match="at most 6 runs"):
         plots.training_runs(many)
+    loss, *_ = _drawn_on(lambda ax: plots.training_runs(runs, unchanged=True, ax=ax), n=4)
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["a", "b"]
     plt.close("all")
 
 
@@ -536,6 +592,7 @@ def test_running_means_draws_a_line_per_buffer_dtype_and_marks_where_it_stopped(
     assert [t.get_text() for t in ax.texts] == ["stops 0.5 below"]
     assert list(lines["mean of every batch"].get_ydata()) == [3.0, 3.0]
     assert fig.get_suptitle() == "means"
+    _drawn_on(lambda ax: plots.running_means(means, ax=ax))
     plt.close("all")
 
 
@@ -561,6 +618,8 @@ def test_sum_errors_draws_each_way_against_the_count():
     many = grad_sums.Sweep("x", "n", (1,), tuple("abcdefg"), tuple(_stats(0) for _ in range(7)))
     with pytest.raises(MPGuideError, match="at most 6 ways, got 7"):
         plots.sum_errors(many)
+    (ax,) = _drawn_on(lambda ax: plots.sum_errors(sweep, ax=ax))
+    assert ax.get_title(loc="left") == "a sum"
     plt.close("all")
 
 
@@ -606,6 +665,8 @@ def test_communication_costs_split_bytes_by_dtype_and_write_each_error():
     scales = tuple(run("DDP", 2.0**-i, plain, 0.0) for i in range(7))
     with pytest.raises(MPGuideError, match="at most 6 scales, got 7"):
         plots.communication_costs(distributed.Communication(2, 100, scales))
+    left, right = _drawn_on(lambda ax: plots.communication_costs(comm, ax=ax), n=2)
+    assert right.get_ylim() == left.get_ylim() == (1.5, -0.5)
     plt.close("all")
 
 
@@ -646,6 +707,9 @@ def test_module_errors_draws_each_calls_error_and_marks_the_non_finite():
     simulated = per_module.report(model, x, device="cuda", simulate=True)
     with pytest.raises(MPGuideError, match="'sim' is simulated"):
         plots.module_errors({"sim": simulated})
+    (ax,) = _drawn_on(lambda ax: plots.module_errors({"fp16": fp16, "bf16": bf16}, ax=ax))
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["fp16", "bf16", "inf or NaN"]
     plt.close("all")
 
 
@@ -690,4 +754,6 @@ def test_cast_time_by_module_draws_each_trace_per_module_and_fused_kind():
     )
     with pytest.raises(MPGuideError, match="no casts"):
         plots.cast_time_by_module({"none": report("a100_alexnet_no_shapes.json.gz")})
+    (ax,) = _drawn_on(lambda ax: plots.cast_time_by_module(reports, ax=ax))
+    assert [t.get_text() for t in ax.get_yticklabels()] == groups
     plt.close("all")

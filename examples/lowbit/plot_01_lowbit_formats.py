@@ -47,10 +47,10 @@ table
 # relative to the value. e4m3 spends its bits on precision (gap 1/8 in every binade), e5m2 on
 # range (gap 1/4, 32 binades); fp4 has eight magnitudes in all, and its gap is half the value
 # or the whole value. e8m0 (every power of two from 2^-127 to 2^127) is left out: it holds scales.
-from mpguide import plots_lowbit
+from mpguide import plots
 
 shown = [e4m3, e5m2, e2m3, e3m2, e2m1]
-fig = plots_lowbit.element_grids(shown)
+fig = plots.element_grids(shown)
 drawn = [c.get_gid() for c in fig.axes[0].collections if c.get_gid()]
 assert drawn == [f.name for f in shown]
 assert e4m3.spacing_at_one == 2.0**-3 and e5m2.spacing_at_one == 2.0**-2

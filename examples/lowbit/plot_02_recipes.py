@@ -99,7 +99,7 @@ assert steps[7][2] == 0, "after the spike, the history holds the larger amax"
 # Smaller blocks follow the values more closely and cost more scale bits. fp8 elements hardly
 # care (e4m3's 17 binades hold a block either way); fp4 elements do. NVFP4's arithmetic at other
 # block sizes (e4m3 scales over e2m1 elements) beats MXFP4's power-of-two scales at every size.
-from mpguide import plots_lowbit
+from mpguide import plots
 
 sweep = lowbit_errors.block_sweep(x)
 curve = {
@@ -107,7 +107,7 @@ curve = {
 }  # fmt: skip
 assert curve["mxfp4", 8] < curve["mxfp4", 128] and curve["nvfp4", 8] < curve["nvfp4", 128]
 assert all(curve["nvfp4", b] < curve["mxfp4", b] for b in (8, 16, 32, 64, 128))
-fig = plots_lowbit.error_bars(sweep, "rel error", by="recipe", group="block")
+fig = plots.error_bars(sweep, "rel error", by="recipe", group="block")
 sweep
 
 # %%

@@ -50,7 +50,7 @@ print(f"{len(runs)} recipes, {STEPS} steps each")
 # The loss curves
 # ---------------
 # The training loss of every step, averaged over 10 steps, one curve per recipe.
-from mpguide import plots_lowbit
+from mpguide import plots
 
 
 def smooth(losses, width=10):
@@ -59,7 +59,7 @@ def smooth(losses, width=10):
     ]
 
 
-fig = plots_lowbit.loss_curves({name: smooth(r.losses) for name, r in runs.items()})
+fig = plots.loss_curves({name: smooth(r.losses) for name, r in runs.items()})
 assert [line.get_gid() for line in fig.axes[0].lines] == list(runs)
 
 # %%

@@ -1,0 +1,85 @@
+"""The your-model chapter: the per-module report's error, call by call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from mpguide import MPGuideError
+from mpguide.plots.style import (
+    LOST_COLOUR,
+    SERIES_COLOURS,
+    SMALL,
+    TEXT,
+    axes,
+    heading,
+    legend_below,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from mpguide.models.per_module import Report
+
+
+def module_errors(
+    reports: Mapping[str, Report], *, title: str = "", ax: Axes | None = None
+) -> Figure:
+    """The output error (``max |error| / mean |ref|``) of every module call, in the call order
+    of the first report, one line per report (labelled by its key) on a log axis that is
+    linear near zero. A call whose output holds an infinity or NaN has no error: it is marked
+    with a red cross at the top instead, and the first module where one appears is named."""
+    import math
+
+    from matplotlib.lines import Line2D
+
+    if not reports:
+        raise MPGuideError("no reports to draw")
+    for name, r in reports.items():
+        if r.simulated:
+            raise MPGuideError(f"{name!r} is simulated: it has no errors to draw")
+    calls = next(iter(reports.values())).calls
+    keys = [c.key for c in calls]
+    by_key = {name: {c.key: c for c in r.calls} for name, r in reports.items()}
+
+    def error(c):
+        e = None if c is None or c.error is None or c.nonfinite else c.error.max_rel
+        return e if e is not None and math.isfinite(e) else math.nan
+
+    series = {name: [error(found.get(k)) for k in keys] for name, found in by_key.items()}
+    positive = [e for ys in series.values() for e in ys if e > 0]
+    top = max(positive, default=1.0) * 4
+    fig, ax, own = axes(ax, (max(8.0, 0.2 * len(keys) + 2.5), 5.2))
+    handles = []
+    for (name, r), colour, marker in zip(reports.items(), SERIES_COLOURS, "os^vD", strict=False):
+        (line,) = ax.plot(series[name], marker=marker, ms=4, lw=1, color=colour, label=name)
+        line.set_gid(name)
+        handles.append(line)
+        bad = [i for i, k in enumerate(keys) if k in by_key[name] and by_key[name][k].nonfinite]
+        if bad:
+            (crosses,) = ax.plot(bad, [top] * len(bad), "x", color=LOST_COLOUR, ms=7, mew=1.5)
+            crosses.set_gid(f"{name}: inf or NaN")
+        origin = r.first_nonfinite
+        if origin is not None and origin.key in keys:
+            ax.annotate(
+                f"{name}: first inf/NaN in {origin.label}",
+                (keys.index(origin.key), top),
+                xytext=(4, 8),
+                textcoords="offset points",
+                fontsize=TEXT,
+                color=LOST_COLOUR,
+            )
+    if any(c.nonfinite for r in reports.values() for c in r.calls):
+        handles.append(Line2D([], [], color=LOST_COLOUR, marker="x", ls="none", label="inf or NaN"))
+    ax.set_yscale("symlog", linthresh=min(positive, default=1.0) / 2)
+    ax.set_ylim(0, top * 6)
+    ax.set_xticks(range(len(keys)), [c.label for c in calls], rotation=90, fontsize=SMALL)
+    ax.set_xlim(-0.5, len(keys) - 0.5)
+    ax.set_ylabel("output max |error| / mean |float64 ref|", fontsize=TEXT)
+    ax.tick_params(axis="y", labelsize=TEXT)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    legend_below(fig, ax, own, handles, ncol=len(handles))
+    heading(fig, ax, own, title)
+    return fig
