@@ -31,7 +31,7 @@ if _missing:
 import torch
 
 import mpguide
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core import record, versions
 
 _machine = device.describe()

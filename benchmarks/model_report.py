@@ -41,7 +41,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.compiled import graphs
 from mpguide.core import dtypes, timing
 from mpguide.models import per_module

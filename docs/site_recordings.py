@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device
-from mpguide.core import record
+from mpguide.core import device, record
 from mpguide.core.table import Table
 
 

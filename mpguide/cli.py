@@ -80,7 +80,8 @@ def _shown(table, fmt: str) -> str:
 
 
 def _policy(args: argparse.Namespace) -> str:
-    from mpguide.autocast import device, policy
+    from mpguide.autocast import policy
+    from mpguide.core import device
 
     if args.device == "all":
         return _shown(policy.across(args.dtype, simulate=args.simulate).table(), args.format)
@@ -283,7 +284,7 @@ VARIANTS = "fp32, bf16, fp16, autocast-bf16, autocast-fp16"
 def _inference(args: argparse.Namespace) -> str:
     import torch
 
-    from mpguide.autocast import device
+    from mpguide.core import device
     from mpguide.models import inference, per_module
 
     dev = device.resolve(args.device) if args.device else device.pick()
@@ -313,7 +314,7 @@ def _inference(args: argparse.Namespace) -> str:
 
 
 def _model(args: argparse.Namespace) -> str:
-    from mpguide.autocast import device
+    from mpguide.core import device
     from mpguide.models import per_module
 
     if args.limit < 0:
@@ -365,7 +366,7 @@ def _first_error(err: BaseException, fn, inputs, target, low) -> BaseException:
     own error, from running it once more without compiling (on the same inputs)."""
     from torch._dynamo.exc import ObservedException
 
-    from mpguide.autocast import device
+    from mpguide.core import device
 
     while err.__cause__ is not None or err.__context__ is not None:
         err = err.__cause__ or err.__context__  # Dynamo wraps the first error
@@ -381,9 +382,8 @@ def _first_error(err: BaseException, fn, inputs, target, low) -> BaseException:
 def _graph(args: argparse.Namespace) -> str:
     import msgspec
 
-    from mpguide.autocast import device
     from mpguide.compiled import graphs
-    from mpguide.core import dtypes
+    from mpguide.core import device, dtypes
 
     fn = _load_spec(args.function)
     target = device.target(args.device, simulate=True)

@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from mpguide.autocast import device, policy
+from mpguide.autocast import policy
 from mpguide.cli import main
+from mpguide.core import device
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 FUNCTIONS = """
 import torch

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from mpguide.autocast import device
 from mpguide.cli import main
+from mpguide.core import device
 from mpguide.models import per_module
 
 FACTORIES = """

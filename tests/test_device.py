@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device
+from mpguide.core import device
 
 
 def test_pick_is_cuda_exactly_when_available(monkeypatch):
@@ -115,7 +115,7 @@ def test_a_module_with_parameters_on_a_simulated_cuda_does_not_abort():
 
     script = (
         "import torch\n"
-        "from mpguide.autocast import device\n"
+        "from mpguide.core import device\n"
         "with device.simulate('cuda', torch.bfloat16) as dev:\n"
         "    norm = torch.nn.LayerNorm(8, device=dev)\n"
         "    print(norm(torch.randn(2, 8, device=dev).bfloat16()).dtype)\n"

@@ -4,9 +4,8 @@ from compile_fns import issue_inputs, matmul_out_fp32, round_trip
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from mpguide import MPGuideError
-from mpguide.autocast import device
 from mpguide.compiled import backends, graphs
-from mpguide.core import versions
+from mpguide.core import device, versions
 
 
 def _exact(x, y, b):

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from mpguide import MPGuideError
-from mpguide.autocast.device import describe
 from mpguide.core import timing
+from mpguide.core.device import describe
 from mpguide.models import inference
 
 

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from mpguide import MPGuideError
-from mpguide.autocast import device
 from mpguide.compiled import graphs
+from mpguide.core import device
 from mpguide.models import per_module
 from mpguide.precision import numerics
 from mpguide.training import autograd

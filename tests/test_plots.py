@@ -544,7 +544,7 @@ def test_accumulation_draws_means_and_shades_spread():
 
 
 def test_training_runs_draw_losses_differences_and_unchanged_shares():
-    from mpguide.autocast import device
+    from mpguide.core import device
     from mpguide.training import loop
 
     runs = loop.Runs(

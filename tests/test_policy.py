@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device, policy
+from mpguide.autocast import policy
+from mpguide.core import device
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from mpguide import MPGuideError
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.training import (
     distributed,
     grad_sums,

@@ -11,12 +11,11 @@ outside autocast and returns bf16 inside it; what LayerNorm does depends on the 
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
-from mpguide.core import dtypes
+from mpguide.core import device, dtypes
 
 dev = device.pick()
 device.describe(dev)

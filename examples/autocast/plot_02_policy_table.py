@@ -23,8 +23,8 @@ from collections import Counter
 
 import torch
 
-from mpguide.autocast import device, policy
-from mpguide.core import dtypes, versions
+from mpguide.autocast import policy
+from mpguide.core import device, dtypes, versions
 from mpguide.core.table import Table
 
 dev = device.pick()

@@ -16,8 +16,8 @@ the CPU's adds neither, and ``dtype=`` opts an op out of autocast on CUDA but no
 import torch
 import torch.nn.functional as F
 
-from mpguide.autocast import device, policy
-from mpguide.core import dtypes, versions
+from mpguide.autocast import policy
+from mpguide.core import device, dtypes, versions
 from mpguide.core.table import Table
 
 dev = device.pick()

@@ -18,8 +18,8 @@ import functools
 import torch
 from torch.utils._pytree import tree_leaves
 
-from mpguide.autocast import device, policy
-from mpguide.core import dtypes, versions
+from mpguide.autocast import policy
+from mpguide.core import device, dtypes, versions
 from mpguide.core.table import Table
 
 dev = device.pick()

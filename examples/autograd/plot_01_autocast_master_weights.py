@@ -13,13 +13,13 @@ and count the bytes it reads and writes, per parameter and in total.
 # %%
 # Setup
 # -----
-# Everything runs live on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when
+# Everything runs live on the device :func:`mpguide.core.device.pick` chooses: CUDA when
 # present, else the CPU. Autocast uses bf16 on either.
 import torch
 import torch.nn.functional as F
 
-from mpguide.autocast import device
 from mpguide.compiled import graphs
+from mpguide.core import device
 from mpguide.training import autograd
 
 dev = device.pick()

@@ -13,12 +13,11 @@ answers off. Then we cast after the forward has run, which is where the ways par
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present, else
 # the CPU.
 import torch
 
-from mpguide.autocast import device
-from mpguide.core import state
+from mpguide.core import device, state
 from mpguide.training import autograd, casting
 
 dev = device.pick()

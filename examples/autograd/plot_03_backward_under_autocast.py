@@ -15,12 +15,12 @@ compiled code follows its own rule.
 # %%
 # Setup
 # -----
-# Everything runs live on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when
+# Everything runs live on the device :func:`mpguide.core.device.pick` chooses: CUDA when
 # present, else the CPU. Autocast uses bf16 on either.
 import torch
 import torch.nn.functional as F
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 from mpguide.training.autograd import DtypeLog
 

@@ -13,11 +13,11 @@ going.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present, else
 # the CPU.
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 from mpguide.training import autograd, master_weights
 

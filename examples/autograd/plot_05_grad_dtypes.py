@@ -22,8 +22,7 @@ import warnings
 
 import torch
 
-from mpguide.autocast import device
-from mpguide.core import dtypes
+from mpguide.core import device, dtypes
 from mpguide.core.table import Table
 
 dev = device.pick()

@@ -15,13 +15,12 @@ the bf16 ``bmm``.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
 from mpguide.compiled import backends, graphs
-from mpguide.core import versions
+from mpguide.core import device, versions
 
 dev = device.pick()
 device.describe(dev)
@@ -110,8 +109,8 @@ if dev.type == "cpu":
 # %%
 # The same graphs for CUDA
 # ------------------------
-# :func:`mpguide.autocast.device.target` gives CUDA as this build has it: the GPU when there is one, else
-# simulated. Tensors made inside :func:`mpguide.autocast.device.tensors` are then fake (shapes, dtypes and
+# :func:`mpguide.core.device.target` gives CUDA as this build has it: the GPU when there is one, else
+# simulated. Tensors made inside :func:`mpguide.core.device.tensors` are then fake (shapes, dtypes and
 # a device, no values), and :func:`mpguide.compiled.graphs.capture` traces them through Dynamo and
 # AOTAutograd as on that device, running no kernel; :func:`mpguide.compiled.graphs.inputs` makes them from
 # the graphs' own notation. Each column says how it was obtained.

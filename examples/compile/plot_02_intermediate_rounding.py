@@ -13,13 +13,12 @@ roundings back.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
 from mpguide.compiled import backends, compile_logs, graphs
-from mpguide.core import versions
+from mpguide.core import device, versions
 
 dev = device.pick()
 device.describe(dev)
@@ -126,7 +125,7 @@ if dev.type == "cpu":
 # ------------------
 # Is the rounding already gone from the graph inductor lowers for CUDA? We capture it from a GPU
 # when this build has one, else simulated from this build's dispatch rules with fake tensors
-# (see :func:`mpguide.autocast.device.target`); a simulated capture generates no kernel, and its label
+# (see :func:`mpguide.core.device.target`); a simulated capture generates no kernel, and its label
 # says so.
 cuda = device.target("cuda")
 with device.tensors(cuda):

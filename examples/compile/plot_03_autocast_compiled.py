@@ -14,12 +14,12 @@ float32.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
 from mpguide.compiled import backends, graphs
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)
@@ -134,8 +134,8 @@ if dev.type == "cpu":
 # -----------------------
 # CUDA's autocast has another policy, and inductor decomposes for its device. We capture the
 # block's graphs for CUDA from a GPU when this build has one, else simulated from this build's
-# dispatch rules: a fake layer and input (see :func:`mpguide.autocast.device.tensors`) under CUDA's
-# autocast (:func:`mpguide.autocast.device.autocast`), no kernel run. The captions say which; a simulated
+# dispatch rules: a fake layer and input (see :func:`mpguide.core.device.tensors`) under CUDA's
+# autocast (:func:`mpguide.core.device.autocast`), no kernel run. The captions say which; a simulated
 # CUDA has no backward graph where this build cannot run autograd on CUDA, and says so.
 import copy
 

@@ -13,12 +13,12 @@ and the generated code show what inductor made of them.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
 from mpguide.compiled import compile_logs, graphs
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)
@@ -144,7 +144,7 @@ assert kernel in logs["output_code"]
 # The same graphs for a device this machine lacks
 # -----------------------------------------------
 # The stages up to AOTAutograd's graphs need no kernel: given fake tensors, made inside
-# :func:`mpguide.autocast.device.tensors` for a simulated device, :func:`mpguide.compiled.graphs.capture` traces
+# :func:`mpguide.core.device.tensors` for a simulated device, :func:`mpguide.compiled.graphs.capture` traces
 # them with Dynamo and AOTAutograd as on that device. For inductor it applies inductor's
 # decompositions and partitioner but not the joint-graph pattern passes, which need the device
 # to set up, and generates no code. On the CPU we can check the simulation against the real

@@ -23,9 +23,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from mpguide.autocast import device
 from mpguide.compiled import backends, graphs
-from mpguide.core import versions
+from mpguide.core import device, versions
 from mpguide.core.table import Table
 
 dev = device.pick()

@@ -16,9 +16,8 @@ scale back (on the CPU since torch 2.13); a float32 ``amax`` makes every backend
 # -----
 import torch
 
-from mpguide.autocast import device
 from mpguide.compiled import backends, graphs
-from mpguide.core import versions
+from mpguide.core import device, versions
 from mpguide.core.table import Table
 
 dev = device.pick()

@@ -13,14 +13,14 @@ short decision guide is derived from the measured table.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present, else
+# Everything runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present, else
 # the CPU. On a shared machine (such as the one that built this page) latencies are disturbed
 # by other jobs: the table flags noisy ones, and no latency relation is stated unless the
 # gap between two medians exceeds both spreads.
 import torch
 from torch import nn
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

@@ -14,7 +14,7 @@ overflow, and scaling before the matmul keeps fp16 finite.
 # -----
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

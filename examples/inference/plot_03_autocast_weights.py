@@ -15,7 +15,7 @@ allocates bf16 copies of them during each forward pass, and casts them again on 
 import torch
 from torch import nn
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

@@ -15,7 +15,7 @@ what happens.
 import torch
 from torch import nn
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.precision import lowbit
 
 device.describe(torch.device("cpu"))

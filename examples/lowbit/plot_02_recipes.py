@@ -15,7 +15,7 @@ activation with outlier channels under each recipe and measure what it costs aga
 # -----
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.precision import lowbit_errors, recipes
 
 device.describe(torch.device("cpu"))

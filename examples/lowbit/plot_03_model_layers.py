@@ -15,7 +15,7 @@ The same per-layer report runs on your model from the command line.
 # -----
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 device.describe(torch.device("cpu"))
 

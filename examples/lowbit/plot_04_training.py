@@ -16,7 +16,7 @@ run starts from the same weights and sees the same batches.
 # -----
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 device.describe(torch.device("cpu"))
 

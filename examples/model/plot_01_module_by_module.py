@@ -16,11 +16,11 @@ differently inside attention.
 # %%
 # Setup
 # -----
-# The report runs live on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when
+# The report runs live on the device :func:`mpguide.core.device.pick` chooses: CUDA when
 # present, else the CPU. Its float64 reference runs on the same device.
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

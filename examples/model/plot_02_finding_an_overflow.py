@@ -16,7 +16,7 @@ scores coarsely, and scaling before the product keeps fp16 finite.
 # -----
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

@@ -14,7 +14,7 @@ underflow and get lost in long sums.
 # -----
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import from_records
 from mpguide.precision import formats, numerics
 

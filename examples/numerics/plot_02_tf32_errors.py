@@ -15,8 +15,7 @@ switch that changes nothing on this hardware is marked as such.
 # -----
 import torch
 
-from mpguide.autocast import device
-from mpguide.core import switches
+from mpguide.core import device, switches
 from mpguide.precision import numerics
 
 dev = device.pick()

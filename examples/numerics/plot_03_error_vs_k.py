@@ -17,7 +17,7 @@ a CPU build.
 import numpy as np
 
 from mpguide import plots
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.precision import numerics
 
 dev = device.pick()

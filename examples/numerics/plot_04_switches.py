@@ -18,8 +18,7 @@ import textwrap
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device
-from mpguide.core import state, switches
+from mpguide.core import device, state, switches
 from mpguide.core.table import Table
 
 dev = device.pick()

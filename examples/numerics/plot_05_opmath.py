@@ -18,7 +18,7 @@ rounds at every step, and a bf16 ``sum`` accumulates in float32.
 import torch
 import torch.nn.functional as F
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 
 dev = device.pick()

@@ -14,12 +14,11 @@ CPU. The casts are asserted to be present; their cost is measured, not assumed.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
-from mpguide.core import versions
+from mpguide.core import device, versions
 
 dev = device.pick()
 device.describe(dev)

@@ -12,11 +12,11 @@ directly work the same way, from CPU, CUDA or ROCm machines, as ``.json`` or ``.
 # %%
 # Setup
 # -----
-# Everything below runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything below runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

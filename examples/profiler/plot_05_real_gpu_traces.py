@@ -15,7 +15,7 @@ the report lists apart with their kernel time.
 # -----
 # The traces were recorded on other machines; this machine only reads them, so what follows
 # is the same on a CPU and on a GPU.
-from mpguide.autocast import device
+from mpguide.core import device
 
 dev = device.pick()
 device.describe(dev)

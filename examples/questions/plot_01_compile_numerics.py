@@ -17,9 +17,8 @@ from torch 2.13 on).
 # -----
 import torch
 
-from mpguide.autocast import device
 from mpguide.compiled import backends
-from mpguide.core import versions
+from mpguide.core import device, versions
 
 dev = device.pick()
 device.describe(dev)

@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpguide import error_line
-from mpguide.autocast import device
-from mpguide.core import versions
+from mpguide.core import device, versions
 
 dev = device.pick()
 device.describe(dev)

@@ -18,8 +18,7 @@ not to.
 # -----
 import torch
 
-from mpguide.autocast import device
-from mpguide.core import state, switches
+from mpguide.core import device, state, switches
 from mpguide.core.table import Table
 
 dev = device.pick()

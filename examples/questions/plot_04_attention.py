@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 
 dev = device.pick()

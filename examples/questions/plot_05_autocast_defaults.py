@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch import nn
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 
 dev = device.pick()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 from mpguide.training import master_weights, optimizers
 

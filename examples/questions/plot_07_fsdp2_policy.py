@@ -18,8 +18,7 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from mpguide import error_line
-from mpguide.autocast import device
-from mpguide.core import dtypes
+from mpguide.core import device, dtypes
 from mpguide.core.table import Table
 from mpguide.training import distributed
 

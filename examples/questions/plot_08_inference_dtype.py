@@ -17,7 +17,7 @@ bits, so close candidates tie unless the logits are upcast first.
 # -----
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 
 dev = device.pick()

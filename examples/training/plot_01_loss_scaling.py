@@ -15,12 +15,12 @@ bf16 has float32's exponent range and loses none.
 # %%
 # Setup
 # -----
-# Results are live, on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Results are live, on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU (the one section about CUDA's rules simulates them without a GPU, and says so).
 # This torch runs fp16 autocast on the CPU as well.
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 from mpguide.precision import formats
 from mpguide.training import loop, loss_scaling

@@ -15,14 +15,14 @@ each end within a small fraction of that gap, at different memory costs.
 # %%
 # Setup
 # -----
-# Results are live, on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Results are live, on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU (the optimizers' CUDA states are simulated without a GPU, and say so). Why a bf16
 # weight loses an update smaller than half its spacing is shown on
 # :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`, with SGD; this page starts
 # from there.
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 from mpguide.training import loop, optimizers
 

@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.autocast import device
-from mpguide.core import dtypes, versions
+from mpguide.core import device, dtypes, versions
 from mpguide.core.table import Table
 from mpguide.training import grad_sums, norm_layers
 

@@ -27,8 +27,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mpguide.autocast import device
-from mpguide.core import dtypes, versions
+from mpguide.core import device, dtypes, versions
 from mpguide.core.table import Table
 from mpguide.training import autograd, grad_sums
 

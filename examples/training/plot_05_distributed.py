@@ -23,7 +23,7 @@ exact), keeps float32 gradient shards, and returns the output in ``output_dtype`
 import torch
 from torch import nn
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 from mpguide.training import autograd, distributed
 

@@ -14,11 +14,11 @@ memory of the float32 setups and trails them; the timings are this machine's.
 # %%
 # Setup
 # -----
-# Everything runs on the device :func:`mpguide.autocast.device.pick` chooses: CUDA when present,
+# Everything runs on the device :func:`mpguide.core.device.pick` chooses: CUDA when present,
 # else the CPU.
 import torch
 
-from mpguide.autocast import device
+from mpguide.core import device
 from mpguide.core.table import Table
 from mpguide.training import loop, loss_scaling
 

@@ -1,4 +1,4 @@
-"""Devices, live or simulated on fake tensors under another device's autocast (``device``),
-autocast's per-op dtype policy on each (``policy``) over every op this torch registers an
-autocast kernel for (``catalogue``), and what ``torch.autocast`` itself accepts (``accepts``).
+"""Autocast's per-op dtype policy on each device (``policy``, built from the calls in ``calls``
+and the probes in ``probing``) over every op this torch registers an autocast kernel for
+(``catalogue``), and what ``torch.autocast`` itself accepts (``accepts``).
 """

@@ -18,7 +18,7 @@ from unittest import mock
 import torch
 
 from mpguide import error_line
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core.table import Table
 
 DTYPES = (None, torch.bfloat16, torch.float16, torch.float32, torch.float64)

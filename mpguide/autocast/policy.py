@@ -23,7 +23,7 @@ The casts counted are those autocast added: casts the same call also makes outsi
 
 Any device type this build has autocast kernels for can be probed: live where the machine has
 it, otherwise simulated with fake tensors under that device's autocast (see
-:func:`mpguide.autocast.device.target`). Every result says which.
+:func:`mpguide.core.device.target`). Every result says which.
 
 This module holds the results (:class:`Policy`, :class:`Devices`) and how they are built; one
 op's runs and class come from :mod:`mpguide.autocast.probing`, the hand-written calls from
@@ -39,7 +39,6 @@ from html import escape
 
 import torch
 
-from mpguide.autocast import device as _device
 from mpguide.autocast.calls import CATALOGUE, Inputs, Op
 from mpguide.autocast.probing import (
     CLASSES,
@@ -60,6 +59,7 @@ from mpguide.autocast.probing import (
     references,
     run,
 )
+from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
 
@@ -203,10 +203,10 @@ def probe(
     seed: int = 0,
     simulate: bool = False,
 ) -> Policy:
-    """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.autocast.device.pick`).
+    """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.core.device.pick`).
 
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
-    build's dispatch rules (see :func:`mpguide.autocast.device.target`); the result says so.
+    build's dispatch rules (see :func:`mpguide.core.device.target`); the result says so.
     """
     dtype = dtypes.autocast_dtype(dtype)
     ops = registered() if ops is None else ops

@@ -16,8 +16,8 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import error_line
-from mpguide.autocast import device as _device
 from mpguide.autocast.calls import Inputs, Op
+from mpguide.core import device as _device
 from mpguide.core import dtypes
 
 LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED, NEEDS_HARDWARE = (

@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError, error_line
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
 from mpguide.precision.numerics import ErrorStats, errors

@@ -3,7 +3,7 @@
 - :func:`capture` gives the forward graph and (when the output requires grad) the backward graph
   AOTAutograd produces for a backend: for ``aot_eager`` the plain ATen graphs, for ``inductor``
   the graphs after inductor's decompositions, as inductor receives them to lower, with the code
-  inductor generated from them. Given fake tensors (made inside :func:`mpguide.autocast.device.tensors`
+  inductor generated from them. Given fake tensors (made inside :func:`mpguide.core.device.tensors`
   for a simulated device) it simulates: the same graphs from this build's dispatch rules, with
   no kernel run and no code generated. :func:`inputs` makes tensors from ``bf16[32, 7, 1, 8]``.
 - :func:`dtype_flow` lists the nodes of a graph where the dtype changes, with the line of user
@@ -30,8 +30,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
 from mpguide.compiled import backends
+from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
 
@@ -255,7 +255,7 @@ _SPEC = re.compile(r"([a-z]+\d+)\[(\d+(?:,\d+)*)?\]")
 def inputs(specs: Sequence[str], dev: torch.device | str, requires_grad: bool = False) -> tuple:
     """Random tensors on ``dev`` from the graphs' own notation, ``bf16[32, 7, 1, 8]`` or
     ``i64[4]`` (see :func:`node_type`); the floating ones require grad when ``requires_grad``.
-    Inside :func:`mpguide.autocast.device.tensors` of a simulated device they are fake."""
+    Inside :func:`mpguide.core.device.tensors` of a simulated device they are fake."""
     by_name = {v: k for k, v in dtypes.SHORT.items()}
     made = []
     for spec in specs:
@@ -280,8 +280,8 @@ def inputs(specs: Sequence[str], dev: torch.device | str, requires_grad: bool = 
 class Graphs:
     """What AOTAutograd gave one backend on one device: the forward graph, the backward graph
     (``None`` when nothing requires grad) and, for inductor, the code it generated from each.
-    ``how`` says how they were obtained (:data:`mpguide.autocast.device.LIVE` or
-    :data:`~mpguide.autocast.device.SIMULATED`); ``note`` what a simulated capture leaves out."""
+    ``how`` says how they were obtained (:data:`mpguide.core.device.LIVE` or
+    :data:`~mpguide.core.device.SIMULATED`); ``note`` what a simulated capture leaves out."""
 
     backend: str
     forward: torch.fx.GraphModule = field(repr=False)
@@ -510,7 +510,7 @@ def _no_constant_folding() -> Iterator[None]:
 def modules_of(fn: Callable[..., Any]) -> list[torch.nn.Module]:
     """The modules ``fn`` reaches: ``fn`` itself when it is one, the instance of a bound
     method, and the modules its closure and its module's globals hold, each once. Give them to
-    :func:`mpguide.autocast.device.tensors` so that their parameters and buffers follow a simulated
+    :func:`mpguide.core.device.tensors` so that their parameters and buffers follow a simulated
     device."""
     found = [fn, getattr(fn, "__self__", None)]
     for cell in getattr(fn, "__closure__", None) or ():
@@ -531,15 +531,15 @@ def capture(
     When the output requires grad (through an input or a parameter), the backward pass is run
     once with :func:`backward_once` so the backward graph is compiled too. Dynamo's caches are
     reset before and after; ``fn`` must compile to one graph. Call it inside
-    :func:`torch.autocast` (or :func:`mpguide.autocast.device.autocast`) to see where autocast puts its
+    :func:`torch.autocast` (or :func:`mpguide.core.device.autocast`) to see where autocast puts its
     casts.
 
-    Fake inputs (made inside :func:`mpguide.autocast.device.tensors` of a simulated device, parameters
+    Fake inputs (made inside :func:`mpguide.core.device.tensors` of a simulated device, parameters
     too) are simulated: Dynamo and AOTAutograd trace as they would on that device and no kernel
     runs; inductor is simulated by its decompositions and partitioner
     (:data:`SIMULATED_INDUCTOR`), and ``emulate_precision_casts``, which changes only generated
     code, cannot be. Where this build cannot run autograd on the device (see
-    :func:`mpguide.autocast.device.simulates_autograd`), ``fn`` is traced without grad and, if anything
+    :func:`mpguide.core.device.simulates_autograd`), ``fn`` is traced without grad and, if anything
     required grad, :attr:`Graphs.note` says there is no backward graph.
     """
     backends.check(backend, backends.COMPILED)

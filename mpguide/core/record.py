@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core.table import Table, _plain
 
 SCHEMA = 1

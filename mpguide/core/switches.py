@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core import state
 from mpguide.core.table import Table
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core.table import Table
 
 NOISY = 0.10

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from mpguide import MPGuideError, error_line
-from mpguide.autocast.device import NEEDS_HARDWARE
 from mpguide.core import dtypes, state
+from mpguide.core.device import NEEDS_HARDWARE
 
 SCHEMA = 1
 GROUPS = ("switches", "facts", "autocast")
@@ -102,7 +102,7 @@ def build() -> str:
 
 def provenance(command: str) -> dict[str, str]:
     """Where and how a recording is made: torch, build, Python, machine, date, command."""
-    from mpguide.autocast.device import _cpu_name
+    from mpguide.core.device import _cpu_name
 
     return {
         "torch": torch.__version__,
@@ -147,8 +147,8 @@ def autocast(devices: tuple[str, ...] = DEVICES, ops: tuple | None = None) -> di
     autocast inserts, per ``device/dtype``, for ``ops`` (default: the ops
     :func:`mpguide.autocast.policy.probe` probes by default); a device this build cannot
     simulate, or a probe that fails, is recorded as such."""
-    from mpguide.autocast import device as _device
     from mpguide.autocast import policy
+    from mpguide.core import device as _device
 
     chosen = {} if ops is None else {"ops": ops}
     out: dict[str, Any] = {}
@@ -398,7 +398,7 @@ def _fp8_cast_overflow() -> str:
 def _bf16_fft_fake_cuda() -> str:
     """What ``fft.rfft`` of a bf16 tensor gives on a simulated CUDA device (no kernel runs),
     autocast off."""
-    from mpguide.autocast import device
+    from mpguide.core import device
 
     try:
         with device.simulate("cuda") as cuda:

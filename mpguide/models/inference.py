@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core import timing
 from mpguide.core.table import Table
 

@@ -25,7 +25,7 @@ when it grew :data:`JUMP` times or more (an error below the format's unit roundo
 the unit roundoff). "To zero" counts the values the format flushed: zero where the reference
 is not, and smaller than the format's smallest normal number (a value that only rounding or
 cancellation made zero, a ReLU's sign flip, is error, not a flush). Modules run in eval mode, so dropout is off and both runs see the same
-function. On a simulated device (:func:`mpguide.autocast.device.target`) no kernel runs: the report has
+function. On a simulated device (:func:`mpguide.core.device.target`) no kernel runs: the report has
 dtypes, ops and casts only, and says so.
 """
 
@@ -49,8 +49,8 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError, error_line
-from mpguide.autocast import device as _device
 from mpguide.compiled import graphs
+from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
 from mpguide.precision import numerics
@@ -711,7 +711,7 @@ def report(
     """Run ``model`` on ``inputs`` (a tensor, a tuple or list of arguments, or a dict of
     keyword arguments) under ``autocast`` (bfloat16 or float16; the default when no
     ``dtype`` is given is bfloat16), or cast wholesale to ``dtype`` with its floating inputs,
-    on ``device`` (default :func:`mpguide.autocast.device.pick`; live where this machine has it,
+    on ``device`` (default :func:`mpguide.core.device.pick`; live where this machine has it,
     simulated where it does not or ``simulate`` is true), and report every module call (see
     the module's docstring). The model itself is left as it was: it is copied where it must be
     cast or moved, and its modules' training flags are restored."""
@@ -876,7 +876,7 @@ def _module_call(
 
 def _live(target: _device.Target) -> torch.device | None:
     """Where a copy of the model goes: the target's device when live; a simulated run takes
-    the copy as it is (:func:`mpguide.autocast.device.tensors` fakes it)."""
+    the copy as it is (:func:`mpguide.core.device.tensors` fakes it)."""
     return None if target.simulated else target.device
 
 

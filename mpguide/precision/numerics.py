@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from mpguide import MPGuideError, error_line
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core import switches, timing
 from mpguide.core.table import Table
 from mpguide.precision import formats

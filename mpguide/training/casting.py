@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
 from mpguide.training.autograd import BACKWARD, DtypeLog, grad_graph

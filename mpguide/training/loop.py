@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 from mpguide.core import dtypes as _dtypes
 from mpguide.core import timing
 from mpguide.core.table import Table

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
+from mpguide.core import device as _device
 
 WEIGHTS = ("float32", "bfloat16", "master")
 

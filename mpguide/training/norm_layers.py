@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from mpguide import MPGuideError
-from mpguide.autocast import device as _device
 from mpguide.autocast import policy as _policy
+from mpguide.core import device as _device
 from mpguide.core import dtypes as _dtypes
 from mpguide.core.table import Table
 
