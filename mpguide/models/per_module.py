@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils import _python_dispatch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError, error_line
@@ -197,7 +198,14 @@ class _Recorder(dtypes.Log):
         self._owners.append(self.stack[-1] if self.stack else None)
 
     @contextmanager
-    def _pause(self) -> Iterator[None]:
+    def _aside(self) -> Iterator[None]:
+        """The hooks' own ops kept out of the log: run below it where it is the innermost
+        dispatch mode, so they do not pay a trip through Python each (modes below it, a
+        simulation's fake tensors, stay on); else run through it, paused."""
+        if _python_dispatch._get_current_dispatch_mode() is self:
+            with _python_dispatch._pop_mode_temporarily():
+                yield
+            return
         self._paused = True
         try:
             yield
@@ -205,7 +213,7 @@ class _Recorder(dtypes.Log):
             self._paused = False
 
     def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> None:
-        with self._pause():
+        with self._aside():
             seen = _Seen(
                 name,
                 self._calls[name],
@@ -221,7 +229,7 @@ class _Recorder(dtypes.Log):
                 self.on_input(seen, (args, kwargs))
 
     def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        with self._pause():
+        with self._aside():
             seen = self.stack.pop()
             self._mark()
             seen.outputs = _dtypes_of(output)
@@ -359,7 +367,21 @@ def _flat(low: list[torch.Tensor], ref: list[torch.Tensor]):
     not pair up (a different number or shapes of tensors) or hold no value."""
     if [t.shape for t in low] != [t.shape for t in ref] or not sum(t.numel() for t in low):
         return None
-    return tuple(torch.cat([t.detach().reshape(-1).double() for t in ts]) for ts in (low, ref))
+
+    def one(ts: list[torch.Tensor]) -> torch.Tensor:
+        flat = [t.detach().reshape(-1).double() for t in ts]
+        return flat[0] if len(flat) == 1 else torch.cat(flat)
+
+    return one(low), one(ref)
+
+
+def _mismatched_nonfinite(low: torch.Tensor, ref: torch.Tensor) -> tuple[int, int]:
+    """How many infinities and NaNs ``low`` holds where ``ref`` is finite."""
+    bad = ~torch.isfinite(low)
+    if not bad.any():
+        return 0, 0
+    bad &= torch.isfinite(ref)
+    return int((bad & torch.isinf(low)).sum()), int((bad & torch.isnan(low)).sum())
 
 
 class _Compare:
@@ -375,20 +397,29 @@ class _Compare:
         if pair is not None:
             n = self.numbers.setdefault(seen.key, _Numbers())
             n.input_error = numerics.errors(*pair)
-            n.input_nonfinite = int((~torch.isfinite(pair[0]) & torch.isfinite(pair[1])).sum())
+            n.input_nonfinite = sum(_mismatched_nonfinite(*pair))
 
     def on_output(self, seen: _Seen, value: Any) -> None:
         pair = _flat(self.kept.outputs.pop(seen.key, []), _floats(value))
         if pair is None:
             return
         a, r = pair
-        finite = torch.isfinite(r)
         n = self.numbers.setdefault(seen.key, _Numbers())
         n.error = numerics.errors(a, r)
-        n.inf = int((torch.isinf(a) & finite).sum())
-        n.nan = int((torch.isnan(a) & finite).sum())
-        n.to_zero = int(((a == 0) & (r != 0) & (r.abs() < self.tiny)).sum())
-        n.beyond_range = int((finite & (r.abs() > self.largest)).sum())
+        n.inf, n.nan = _mismatched_nonfinite(a, r)
+        # Each count over a mask of the few values it can hold: most outputs have none.
+        zero = a == 0
+        if zero.any():
+            r0 = r[zero].abs()
+            n.to_zero = int(((r0 != 0) & (r0 < self.tiny)).sum())
+        else:
+            n.to_zero = 0
+        magnitude = r.abs()
+        n.beyond_range = (
+            int((torch.isfinite(r) & (magnitude > self.largest)).sum())
+            if magnitude.max() > self.largest
+            else 0
+        )
 
 
 @dataclass(frozen=True)
