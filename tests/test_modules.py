@@ -1,3 +1,5 @@
+import io
+
 import pytest
 import torch
 from torch import nn
@@ -282,3 +284,34 @@ def test_only_values_the_format_flushed_count_as_to_zero():
     report = per_module.report(nn.Sequential(Shift(), nn.ReLU()), x, dtype="bfloat16")
     assert report["0"].error.max_rel == 1.0 and report["1"].error.max_rel == 1.0
     assert report["0"].to_zero == 0 and report["1"].to_zero == 0
+
+
+def test_progress_says_the_first_message_then_at_most_one_each_interval():
+    from mpguide.models import progress
+
+    out, now = io.StringIO(), [0.0]
+    say = progress.Progress(out, every=0.25, clock=lambda: now[0])
+    for t, text in [(0.0, "a"), (0.1, "b"), (0.3, "c"), (0.5, "d"), (0.56, "e")]:
+        now[0] = t
+        say(text)
+    assert out.getvalue() == "mpguide: a\nmpguide: c\nmpguide: e\n"
+    assert progress.to_terminal(io.StringIO()) is None  # not a terminal, not forced
+
+
+def test_memory_needed_counts_each_copy_the_report_keeps(monkeypatch):
+    from mpguide.models import memory
+
+    model = nn.Sequential(nn.Linear(10, 20), nn.BatchNorm1d(20))
+    # Parameters 10*20 + 20 + 2*20 = 260; buffers 2*20 floats and one int64 count.
+    needs = memory.report_needs(model, torch.float16, copied=True, backward=True)
+    assert needs == {"float64 copy": 300 * 8 + 8, "cast copy": 300 * 2 + 8, "gradients": 260 * 2}
+    assert memory.report_needs(model, None, copied=False, backward=False) == {"float64 copy": 2408}
+    with open("/proc/meminfo") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:"))
+    have, where = memory.available(torch.device("cpu"))
+    assert where == "MemAvailable" and abs(have - kb * 1024) < 2**28  # it moves meanwhile
+    monkeypatch.setenv(memory.ENV, "2.5")
+    assert memory.available(torch.device("cpu")) == (2_500_000_000, memory.ENV)
+    monkeypatch.setenv(memory.ENV, "lots")
+    with pytest.raises(MPGuideError, match="MPGUIDE_MEMORY_GB must be a number of GB"):
+        memory.available(torch.device("cpu"))

@@ -54,6 +54,7 @@ from mpguide.autocast import device as _device
 from mpguide.compiled import graphs
 from mpguide.core import dtypes
 from mpguide.core.table import Table
+from mpguide.models import memory
 from mpguide.precision import numerics
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -154,6 +155,8 @@ class _Seen:
 
 
 Hook = Callable[[_Seen, Any], None]
+Say = Callable[[str], None]
+"""Where a run says how far it is (:class:`mpguide.models.progress.Progress`)."""
 
 
 class _Recorder(dtypes.Log):
@@ -161,9 +164,16 @@ class _Recorder(dtypes.Log):
     phase, its ops and conversions; ``on_input`` and ``on_output`` see each call's arguments
     and output."""
 
-    def __init__(self, model: torch.nn.Module, on_input: Hook | None, on_output: Hook | None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        on_input: Hook | None,
+        on_output: Hook | None,
+        progress: tuple[Say, str, int | None] | None = None,
+    ):
         super().__init__()
         self.model, self.on_input, self.on_output = model, on_input, on_output
+        self.progress = progress
         self.seen: list[_Seen] = []
         self.stack: list[_Seen] = []
         self._calls: Counter[str] = Counter()
@@ -237,6 +247,10 @@ class _Recorder(dtypes.Log):
             seen.finished = self._finished
             if self.on_output is not None:
                 self.on_output(seen, output)
+            if self.progress is not None:
+                say, stage, total = self.progress
+                of = f" of {total}" if total else ""
+                say(f"{stage}: module call {self._finished}{of} done ({_label(seen.key)})")
 
     @contextmanager
     def hooked(self) -> Iterator[_Recorder]:
@@ -281,9 +295,10 @@ def _run(
     backward: bool,
     on_input: Hook | None = None,
     on_output: Hook | None = None,
+    progress: tuple[Say, str, int | None] | None = None,
 ) -> tuple[_Recorder, bool]:
     """Run ``model`` once, recorded; returns the record and whether a backward pass ran."""
-    recorder = _Recorder(model, on_input, on_output)
+    recorder = _Recorder(model, on_input, on_output, progress)
     ran_backward = False
     with _eval(model), recorder.hooked():
         with torch.set_grad_enabled(backward), _device.autocast(target, autocast):
@@ -490,7 +505,7 @@ class Report:
         """``autocast(cpu, bfloat16)`` or ``cast to float16``."""
         if self.autocast is not None:
             return f"autocast({self.target.device.type}, {dtypes.name(self.autocast)})"
-        return f"cast to {dtypes.name(self.dtype)}"
+        return _run_name(None, self.dtype)
 
     @property
     def caption(self) -> str:
@@ -738,6 +753,7 @@ def report(
     device: _device.Target | torch.device | str | None = None,
     simulate: bool = False,
     backward: bool = False,
+    progress: Say | None = None,
 ) -> Report:
     """Run ``model`` on ``inputs`` (a tensor, a tuple or list of arguments, or a dict of
     keyword arguments) under ``autocast`` (bfloat16 or float16; the default when no
@@ -745,7 +761,9 @@ def report(
     on ``device`` (default :func:`mpguide.autocast.device.pick`; live where this machine has it,
     simulated where it does not or ``simulate`` is true), and report every module call (see
     the module's docstring). The model itself is left as it was: it is copied where it must be
-    cast or moved, and its modules' training flags are restored."""
+    cast or moved, and its modules' training flags are restored. Before a live run, the
+    copies it keeps are checked against the memory the device has
+    (:func:`mpguide.models.memory.check`). ``progress`` is told each module call done."""
     if not isinstance(model, torch.nn.Module):
         raise MPGuideError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
     if autocast is not None and dtype is not None:
@@ -761,7 +779,10 @@ def report(
         raise MPGuideError(f"no backward pass: {_device.no_autograd_reason(target.device.type)}")
     args, kwargs = arguments(inputs)
     low_model = model
-    if dtype is not None or (not target.simulated and _on_other_device(model, target)):
+    copied = dtype is not None or (not target.simulated and _on_other_device(model, target))
+    if not target.simulated:
+        memory.check(memory.report_needs(model, dtype, copied, backward), target.device)
+    if copied:
         low_model = copy.deepcopy(model).to(device=_live(target), dtype=dtype)
     low_inputs = _cast_floats((args, kwargs), dtype)
     params = {
@@ -780,12 +801,23 @@ def report(
             backward,
             kept and kept.on_input,
             kept and kept.on_output,
+            progress and (progress, "run " + _run_name(autocast, dtype), None),
         )
         if kept is not None:
             kept.close()
         plain = None
+        total = len(run.seen)
         if autocast is not None:
-            plain, _ = _run(low_model, a, k, target, None, backward)
+            stage = "run with autocast off"
+            plain, _ = _run(
+                low_model,
+                a,
+                k,
+                target,
+                None,
+                backward,
+                progress=progress and (progress, stage, total),
+            )
     notes = []
     if target.simulated and type(model).__module__.startswith("transformers."):
         notes.append(TRANSFORMERS_PATH)
@@ -800,7 +832,17 @@ def report(
         low = torch.finfo(autocast or dtype)
         compare = _Compare(kept, low.max, low.tiny)
         try:
-            ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
+            ref, _ = _run(
+                reference,
+                a,
+                k,
+                target,
+                None,
+                False,
+                compare.on_input,
+                compare.on_output,
+                progress and (progress, "float64 reference", total),
+            )
         except Exception as err:
             raise MPGuideError(
                 f"the float64 copy of the model raised {error_line(err)}: the reference needs "
@@ -826,6 +868,12 @@ def report(
         narrowed,
         tuple(notes),
     )
+
+
+def _run_name(autocast: torch.dtype | None, dtype: torch.dtype | None) -> str:
+    if autocast is not None:
+        return f"under autocast to {dtypes.name(autocast)}"
+    return f"cast to {dtypes.name(dtype)}"
 
 
 @contextmanager
