@@ -315,3 +315,17 @@ def test_memory_needed_counts_each_copy_the_report_keeps(monkeypatch):
     monkeypatch.setenv(memory.ENV, "lots")
     with pytest.raises(MPGuideError, match="MPGUIDE_MEMORY_GB must be a number of GB"):
         memory.available(torch.device("cpu"))
+
+
+def test_a_cast_is_any_change_of_dtype_in_model_as_in_casts():
+    from mpguide.core import dtypes
+
+    class Positions(nn.Module):
+        def forward(self, x):
+            pos = torch.arange(x.shape[-1]).to(torch.float32)  # int64 -> float32: a cast
+            return x.to(torch.float32) + pos  # float32 -> float32: no cast
+
+    r = per_module.report(Positions(), torch.randn(2, 4), dtype=torch.float32, device="cpu")
+    assert r[""].casts == 1
+    assert dtypes.is_cast(torch.int64, "float32") and dtypes.is_cast("bool", torch.float32)
+    assert not dtypes.is_cast(torch.bfloat16, "bfloat16")

@@ -195,7 +195,7 @@ class _Recorder(dtypes.Log):
             phase, owner = BACKWARD, self._owner(node._sequence_nr())
         if owner is not None:
             owner.ops[phase] += 1
-            pair = self.calls[-1].conversion
+            pair = self.calls[-1].cast
             if pair is not None:
                 owner.casts[phase][pair] += 1
 
@@ -869,7 +869,9 @@ def report(
             ) from err
         numbers = compare.numbers
         narrowed = tuple(
-            s.key for s in ref.seen if any(a == torch.float64 != b for a, b in s.casts[FORWARD])
+            s.key
+            for s in ref.seen
+            if any(a == torch.float64 != b and b.is_floating_point for a, b in s.casts[FORWARD])
         )
     plain_seen = plain.by_key() if plain is not None else {}
     calls = tuple(
