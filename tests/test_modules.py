@@ -241,20 +241,11 @@ def test_backward_on_a_device_this_build_cannot_differentiate_is_refused():
 
 @pytest.fixture(scope="module")
 def qwen():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(config), {
-        "input_ids": torch.randint(0, 64, (2, 8)),
-        "use_cache": False,
-    }
+    pytest.importorskip("transformers")
+    from mpguide.models import zoo
+
+    model = zoo.qwen2(vocab=64, hidden=32, intermediate=64)
+    return model, zoo.token_inputs(model, 2, 8)
 
 
 def test_a_transformers_model_live_and_simulated(qwen):

@@ -36,28 +36,24 @@ import json
 import math
 import re
 import traceback
-import weakref
-from bisect import bisect_right
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils import _python_dispatch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError, error_line
 from mpguide.autocast import device as _device
-from mpguide.compiled import graphs
 from mpguide.core import dtypes
 from mpguide.core.table import Table
-from mpguide.models import memory
+from mpguide.models import compare, memory, recorder
+from mpguide.models.recorder import Key, Say
 from mpguide.precision import numerics
+from mpguide.training.autograd import BACKWARD, FORWARD
 
-FORWARD, BACKWARD = "forward", "backward"
 SHOWN = ("module", "type", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero")
 """The columns a table shows by default: where each module's dtypes change and its error."""
 BEYOND = "|ref| > max"
@@ -74,8 +70,6 @@ TRANSFORMERS_PATH = (
     "attention"
 )
 """Why a simulated transformers model runs ops a live run does not."""
-Key = tuple[str, int]
-"""A module call: the module's qualified name and which of its calls (0 for the first)."""
 
 
 @dataclass(frozen=True)
@@ -112,200 +106,12 @@ class ModuleCall:
     def label(self) -> str:
         """The qualified name (``(root)`` for the model itself), with the call when not the
         first (``layers.0.mlp, call 2``)."""
-        return _label(self.key)
+        return recorder.label(self.key)
 
     @property
     def nonfinite(self) -> int | None:
         """Infinities and NaNs returned where the reference is finite (``None``: unknown)."""
         return None if self.inf is None else self.inf + (self.nan or 0)
-
-
-def _label(key: Key) -> str:
-    name, index = key
-    return (name or "(root)") + (f", call {index + 1}" if index else "")
-
-
-def _floats(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def _dtypes_of(value: Any) -> tuple[torch.dtype, ...]:
-    return tuple(dict.fromkeys(t.dtype for t in tree_leaves(value) if isinstance(t, torch.Tensor)))
-
-
-@dataclass
-class _Seen:
-    """A module call while a run records it."""
-
-    name: str
-    index: int
-    kind: str
-    depth: int
-    inputs: tuple[torch.dtype, ...]
-    outputs: tuple[torch.dtype, ...] = ()
-    finished: int = 0
-    ops: Counter = field(default_factory=Counter)
-    casts: dict[str, Counter] = field(
-        default_factory=lambda: {FORWARD: Counter(), BACKWARD: Counter()}
-    )
-
-    @property
-    def key(self) -> Key:
-        return self.name, self.index
-
-
-Hook = Callable[[_Seen, Any], None]
-Say = Callable[[str], None]
-"""Where a run says how far it is (:class:`mpguide.models.progress.Progress`)."""
-
-
-class _Recorder(dtypes.Log):
-    """One run of a model: its module calls in call order, each with its dtypes and, per
-    phase, its ops and conversions; ``on_input`` and ``on_output`` see each call's arguments
-    and output."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        on_input: Hook | None,
-        on_output: Hook | None,
-        progress: tuple[Say, str, int | None] | None = None,
-    ):
-        super().__init__()
-        self.model, self.on_input, self.on_output = model, on_input, on_output
-        self.progress = progress
-        self.seen: list[_Seen] = []
-        self.stack: list[_Seen] = []
-        self._calls: Counter[str] = Counter()
-        self._finished = 0
-        self._paused = False
-        # Autograd numbers its nodes as the forward makes them: where each number range began,
-        # and the module call innermost then.
-        self._starts: list[int] = []
-        self._owners: list[_Seen | None] = []
-
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        if self._paused:
-            return
-        super().record(func, args, kwargs, out)
-        node = torch._C._current_autograd_node()
-        if node is None:
-            phase, owner = FORWARD, self.stack[-1] if self.stack else None
-        else:
-            phase, owner = BACKWARD, self._owner(node._sequence_nr())
-        if owner is not None:
-            owner.ops[phase] += 1
-            pair = self.calls[-1].cast
-            if pair is not None:
-                owner.casts[phase][pair] += 1
-
-    def _owner(self, sequence_nr: int) -> _Seen | None:
-        i = bisect_right(self._starts, sequence_nr) - 1
-        return self._owners[i] if i >= 0 else None
-
-    def _mark(self) -> None:
-        self._starts.append(torch._C._autograd._get_sequence_nr())
-        self._owners.append(self.stack[-1] if self.stack else None)
-
-    @contextmanager
-    def _aside(self) -> Iterator[None]:
-        """The hooks' own ops kept out of the log: run below it where it is the innermost
-        dispatch mode, so they do not pay a trip through Python each (modes below it, a
-        simulation's fake tensors, stay on); else run through it, paused."""
-        if _python_dispatch._get_current_dispatch_mode() is self:
-            with _python_dispatch._pop_mode_temporarily():
-                yield
-            return
-        self._paused = True
-        try:
-            yield
-        finally:
-            self._paused = False
-
-    def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> None:
-        with self._aside():
-            seen = _Seen(
-                name,
-                self._calls[name],
-                type(module).__name__,
-                len(self.stack),
-                _dtypes_of((args, kwargs)),
-            )
-            self._calls[name] += 1
-            self.seen.append(seen)
-            self.stack.append(seen)
-            self._mark()
-            if self.on_input is not None:
-                self.on_input(seen, (args, kwargs))
-
-    def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        with self._aside():
-            seen = self.stack.pop()
-            self._mark()
-            seen.outputs = _dtypes_of(output)
-            self._finished += 1
-            seen.finished = self._finished
-            if self.on_output is not None:
-                self.on_output(seen, output)
-            if self.progress is not None:
-                say, stage, total = self.progress
-                of = f" of {total}" if total else ""
-                say(f"{stage}: module call {self._finished}{of} done ({_label(seen.key)})")
-
-    @contextmanager
-    def hooked(self) -> Iterator[_Recorder]:
-        """Hooks on every module of the model and this log active, inside the block."""
-        handles = []
-        try:
-            for name, module in self.model.named_modules():
-                handles.append(
-                    module.register_forward_pre_hook(
-                        lambda m, a, k, name=name: self._pre(m, a, k, name), with_kwargs=True
-                    )
-                )
-                handles.append(module.register_forward_hook(self._post, with_kwargs=True))
-            with self:
-                yield self
-        finally:
-            for h in handles:
-                h.remove()
-
-    def by_key(self) -> dict[Key, _Seen]:
-        return {s.key: s for s in self.seen}
-
-
-@contextmanager
-def _eval(model: torch.nn.Module) -> Iterator[None]:
-    """Every module of ``model`` in eval mode inside the block, each restored after."""
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-def _run(
-    model: torch.nn.Module,
-    args: tuple,
-    kwargs: dict,
-    target: _device.Target,
-    autocast: torch.dtype | None,
-    backward: bool,
-    on_input: Hook | None = None,
-    on_output: Hook | None = None,
-    progress: tuple[Say, str, int | None] | None = None,
-) -> tuple[_Recorder, bool]:
-    """Run ``model`` once, recorded; returns the record and whether a backward pass ran."""
-    recorder = _Recorder(model, on_input, on_output, progress)
-    ran_backward = False
-    with _eval(model), recorder.hooked():
-        with torch.set_grad_enabled(backward), _device.autocast(target, autocast):
-            out = model(*args, **kwargs)
-        if backward:
-            ran_backward = graphs.backward_once(out)
-    return recorder, ran_backward
 
 
 def arguments(inputs: Any) -> tuple[tuple, dict]:
@@ -334,126 +140,6 @@ def _cast_floats(value: Any, dtype: torch.dtype | None) -> Any:
         lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
         value,
     )
-
-
-class _Outputs:
-    """The low-precision run's values kept for the reference run: each call's output and
-    first floating input (an input that is an earlier output, unchanged, is kept once)."""
-
-    def __init__(self):
-        self.outputs: dict[Key, list[torch.Tensor]] = {}
-        self.inputs: dict[Key, torch.Tensor] = {}
-        self._kept: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
-
-    def _keep(self, t: torch.Tensor) -> torch.Tensor:
-        seen = self._kept.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t._version:
-            return seen[2]
-        copy_ = t.detach().clone()
-        self._kept[id(t)] = (weakref.ref(t), t._version, copy_)
-        return copy_
-
-    def on_input(self, seen: _Seen, value: Any) -> None:
-        first = _floats(value)[:1]
-        if first:
-            self.inputs[seen.key] = self._keep(first[0])
-
-    def on_output(self, seen: _Seen, value: Any) -> None:
-        self.outputs[seen.key] = [self._keep(t) for t in _floats(value)]
-
-    def close(self) -> None:
-        """The run is over: each kept value is held only until it is compared."""
-        self._kept.clear()
-
-
-@dataclass
-class _Numbers:
-    input_error: numerics.ErrorStats | None = None
-    input_nonfinite: int | None = None
-    error: numerics.ErrorStats | None = None
-    inf: int | None = None
-    nan: int | None = None
-    to_zero: int | None = None
-    beyond_range: int | None = None
-
-
-def _flat(low: list[torch.Tensor], ref: list[torch.Tensor]):
-    """Both lists of tensors flattened into one float64 vector each; ``None`` where they do
-    not pair up (a different number or shapes of tensors) or hold no value."""
-    if [t.shape for t in low] != [t.shape for t in ref] or not sum(t.numel() for t in low):
-        return None
-
-    def one(ts: list[torch.Tensor]) -> torch.Tensor:
-        flat = [t.detach().reshape(-1).double() for t in ts]
-        return flat[0] if len(flat) == 1 else torch.cat(flat)
-
-    return one(low), one(ref)
-
-
-def _mismatched_nonfinite(low: torch.Tensor, ref: torch.Tensor) -> tuple[int, int]:
-    """How many infinities and NaNs ``low`` holds where ``ref`` is finite."""
-    bad = ~torch.isfinite(low)
-    if not bad.any():
-        return 0, 0
-    bad &= torch.isfinite(ref)
-    return int((bad & torch.isinf(low)).sum()), int((bad & torch.isnan(low)).sum())
-
-
-class _Compare:
-    """The reference run's hooks: each call's input and output against the kept values. A
-    pair of tensors already compared (a module's input that is an earlier call's output, or
-    an output its parent returns as its own) is not compared again."""
-
-    def __init__(self, kept: _Outputs, largest: float, tiny: float):
-        self.kept, self.largest, self.tiny = kept, largest, tiny
-        self.numbers: dict[Key, _Numbers] = {}
-        self._done: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, int, _Numbers]] = {}
-
-    def _compared(self, low: list[torch.Tensor], ref: list[torch.Tensor]) -> _Numbers | None:
-        """The output numbers of ``low`` against ``ref``, computed once per pair of single
-        tensors (``ref`` unchanged since); ``None`` where they do not pair up."""
-        one = len(low) == len(ref) == 1
-        if one:
-            done = self._done.get((id(low[0]), id(ref[0])))
-            if done and done[0]() is low[0] and done[1]() is ref[0] and done[2] == ref[0]._version:
-                return done[3]
-        pair = _flat(low, ref)
-        if pair is None:
-            return None
-        a, r = pair
-        n = _Numbers(error=numerics.errors(a, r))
-        n.inf, n.nan = _mismatched_nonfinite(a, r)
-        # Each count over a mask of the few values it can hold: most outputs have none.
-        zero = a == 0
-        if zero.any():
-            r0 = r[zero].abs()
-            n.to_zero = int(((r0 != 0) & (r0 < self.tiny)).sum())
-        else:
-            n.to_zero = 0
-        magnitude = r.abs()
-        n.beyond_range = (
-            int((torch.isfinite(r) & (magnitude > self.largest)).sum())
-            if magnitude.max() > self.largest
-            else 0
-        )
-        if one:
-            key = (id(low[0]), id(ref[0]))
-            self._done[key] = (weakref.ref(low[0]), weakref.ref(ref[0]), ref[0]._version, n)
-        return n
-
-    def on_input(self, seen: _Seen, value: Any) -> None:
-        low = self.kept.inputs.pop(seen.key, None)
-        out = self._compared([low], _floats(value)[:1]) if low is not None else None
-        if out is not None:
-            n = self.numbers.setdefault(seen.key, _Numbers())
-            n.input_error, n.input_nonfinite = out.error, out.inf + out.nan
-
-    def on_output(self, seen: _Seen, value: Any) -> None:
-        out = self._compared(self.kept.outputs.pop(seen.key, []), _floats(value))
-        if out is not None:
-            n = self.numbers.setdefault(seen.key, _Numbers())
-            n.error, n.inf, n.nan = out.error, out.inf, out.nan
-            n.to_zero, n.beyond_range = out.to_zero, out.beyond_range
 
 
 @dataclass(frozen=True)
@@ -558,7 +244,7 @@ class Report:
         else:
             out.append(f"no module's error grew {JUMP:g} times or more from input to output")
         if self.narrowed:
-            names = [_label(key) for key in self.narrowed[:3]]
+            names = [recorder.label(key) for key in self.narrowed[:3]]
             out.append(
                 f"the float64 reference itself converted to a narrower dtype in "
                 f"{len(self.narrowed)} module calls ({', '.join(names)}"
@@ -733,7 +419,7 @@ def _nested(calls) -> Iterator[str]:
         parent = stack[-1] if stack else ""
         name = c.name[len(parent) + 1 :] if parent and c.name.startswith(parent + ".") else None
         stack.append(c.name)
-        label = _label((name or c.name, c.index)) if c.depth else c.label
+        label = recorder.label((name or c.name, c.index)) if c.depth else c.label
         yield "  " * c.depth + label
 
 
@@ -805,13 +491,14 @@ def report(
         low_model = copy.deepcopy(model).to(device=_live(target), dtype=dtype)
     low_inputs = _cast_floats((args, kwargs), dtype)
     params = {
-        n: _dtypes_of(list(m.parameters(recurse=False))) for n, m in low_model.named_modules()
+        n: recorder.dtypes_of(list(m.parameters(recurse=False)))
+        for n, m in low_model.named_modules()
     }
 
-    kept = None if target.simulated else _Outputs()
+    kept = None if target.simulated else compare.Kept()
     with _device.tensors(target, [low_model]), _simulation_limits(target):
         a, k = _device.move(low_inputs, target)
-        run, ran_backward = _run(
+        run, ran_backward = recorder.run(
             low_model,
             a,
             k,
@@ -828,7 +515,7 @@ def report(
         total = len(run.seen)
         if autocast is not None:
             stage = "run with autocast off"
-            plain, _ = _run(
+            plain, _ = recorder.run(
                 low_model,
                 a,
                 k,
@@ -843,23 +530,23 @@ def report(
     if backward and not ran_backward:
         notes.append("no backward pass: nothing the output depends on requires grad")
 
-    numbers: dict[Key, _Numbers] = {}
+    numbers: dict[Key, compare.Numbers] = {}
     narrowed: tuple[Key, ...] = ()
     if kept is not None:
         reference = copy.deepcopy(model).to(device=target.device, dtype=torch.float64)
         a, k = _device.move(_cast_floats((args, kwargs), torch.float64), target)
         low = torch.finfo(autocast or dtype)
-        compare = _Compare(kept, low.max, low.tiny)
+        comparing = compare.Compare(kept, low.max, low.tiny)
         try:
-            ref, _ = _run(
+            ref, _ = recorder.run(
                 reference,
                 a,
                 k,
                 target,
                 None,
                 False,
-                compare.on_input,
-                compare.on_output,
+                comparing.on_input,
+                comparing.on_output,
                 progress and (progress, "float64 reference", total),
             )
         except Exception as err:
@@ -867,7 +554,7 @@ def report(
                 f"the float64 copy of the model raised {error_line(err)}: the reference needs "
                 "a model that runs in float64"
             ) from err
-        numbers = compare.numbers
+        numbers = comparing.numbers
         narrowed = tuple(
             s.key
             for s in ref.seen
@@ -875,7 +562,9 @@ def report(
         )
     plain_seen = plain.by_key() if plain is not None else {}
     calls = tuple(
-        _module_call(s, plain_seen.get(s.key), numbers.get(s.key, _Numbers()), params, backward)
+        _module_call(
+            s, plain_seen.get(s.key), numbers.get(s.key, compare.Numbers()), params, backward
+        )
         for s in run.seen
     )
     return Report(
@@ -932,9 +621,9 @@ def _caller(err: BaseException) -> str:
 
 
 def _module_call(
-    s: _Seen,
-    plain: _Seen | None,
-    num: _Numbers,
+    s: recorder.Seen,
+    plain: recorder.Seen | None,
+    num: compare.Numbers,
     params: dict[str, tuple[torch.dtype, ...]],
     backward: bool,
 ) -> ModuleCall:
