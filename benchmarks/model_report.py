@@ -14,9 +14,11 @@ all of them alike:
   autocast off (the report's run for autocast's share of the casts), and the float64
   forward; added, they are what the report costs before its hooks, logs and comparisons.
 
-Two ratios are taken round by round: the report to the yardstick (the goal: under 3), and the
-report to its bare runs (its own overhead). Where the low-precision kernels are slow (a CPU
-without native bf16 arithmetic) the first ratio measures them, the second does not. The
+Ratios are taken round by round: the report to the yardstick (the goal: under 3), the
+report to its bare runs (its own overhead, goal 1.3), and that overhead in seconds to the
+yardstick. Where the low-precision kernels are slow (a CPU without native bf16 arithmetic) the
+first ratio measures them and the second hides the overhead behind them; the third does not
+depend on them. The
 results and their provenance go to docs/benchmarks/model_report.json, which
 docs/benchmarks.md renders.
 """
@@ -49,6 +51,8 @@ from mpguide.models import per_module
 GOAL = 3.0
 """The report within this many times the float32 forward and backward plus the float64
 forward."""
+OWN_GOAL = 1.3
+"""The report within this many times its own runs, bare."""
 
 
 def model_and_inputs(layers: int, width: int, batch: int, seq: int, dev: torch.device):
@@ -143,7 +147,11 @@ def main(argv: list[str]) -> None:
     }
     times: dict[str, list[float]] = {name: [] for name in tasks}
     names = list(tasks)
-    forward_backward(model, x, dev, low)  # warm-up: first-call costs out of the rounds
+    # Warm-up: first-call costs (and the import of torch._dynamo that a dispatch mode's first
+    # op makes, once a process) out of the rounds.
+    forward_backward(model, x, dev, low)
+    small, xs = model_and_inputs(1, 64, 1, 8, dev)
+    per_module.report(small, xs, autocast=low, device=dev, backward=True)
     for r in range(args.repeat):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name].append(timed(tasks[name], sync))
@@ -178,6 +186,9 @@ def main(argv: list[str]) -> None:
         "report / its bare runs": spread(
             [a / b for a, b in zip(times["report"], bare, strict=True)]
         ),
+        "(report - its bare runs) / (fp32 forward+backward + fp64 forward)": spread(
+            [(a - b) / c for a, b, c in zip(times["report"], bare, yardstick, strict=True)]
+        ),
         "autocast forward+backward / fp32 forward+backward": spread(
             [
                 a / b
@@ -188,6 +199,7 @@ def main(argv: list[str]) -> None:
         ),
     }
     record["goal"] = GOAL
+    record["own_goal"] = OWN_GOAL
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     for name, s in record["ratio"].items():

@@ -285,7 +285,7 @@ def _inference(args: argparse.Namespace) -> str:
     import torch
 
     from mpguide.core import device
-    from mpguide.models import inference, per_module
+    from mpguide.models import inference, per_module, progress
 
     dev = device.resolve(args.device) if args.device else device.pick()
     if args.variants is None:  # fp16 matmuls are slow on a CPU: named, not by default
@@ -306,16 +306,21 @@ def _inference(args: argparse.Namespace) -> str:
         per_module.arguments(inputs)
     except MPGuideError as err:
         raise MPGuideError(f"{args.model}: {err}") from None
-    with _readers_code(f"running the model of {args.model} on its inputs"):
-        result = inference.compare(
-            model, inputs, variants, dev, warmup=args.warmup, repeat=args.repeat
-        )
+    shown = progress.to_terminal()
+    try:
+        with _readers_code(f"running the model of {args.model} on its inputs"):
+            result = inference.compare(
+                model, inputs, variants, dev, warmup=args.warmup, repeat=args.repeat, progress=shown
+            )
+    finally:
+        if shown is not None:
+            shown.done()
     return _shown(result.table(), args.format)
 
 
 def _model(args: argparse.Namespace) -> str:
     from mpguide.core import device
-    from mpguide.models import per_module
+    from mpguide.models import per_module, progress
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
@@ -325,15 +330,21 @@ def _model(args: argparse.Namespace) -> str:
         return lowbit_report.main(args, _factory, _readers_code)
     target = device.target(args.device, simulate=args.simulate)
     model, inputs = _factory(args.spec)
-    with _readers_code(f"running the model of {args.spec} on its inputs"):
-        report = per_module.report(
-            model,
-            inputs,
-            autocast=_option("autocast", args.autocast),
-            dtype=_option("dtype", args.dtype),
-            device=target,
-            backward=args.backward,
-        )
+    shown = progress.to_terminal()
+    try:
+        with _readers_code(f"running the model of {args.spec} on its inputs"):
+            report = per_module.report(
+                model,
+                inputs,
+                autocast=_option("autocast", args.autocast),
+                dtype=_option("dtype", args.dtype),
+                device=target,
+                backward=args.backward,
+                progress=shown,
+            )
+    finally:
+        if shown is not None:
+            shown.done()
     columns = args.columns
     if columns is None and args.format in ("json", "csv"):
         columns = "all"  # for programs: every column, under keys that stay

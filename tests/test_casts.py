@@ -510,3 +510,26 @@ def test_a_cast_is_not_blamed_on_a_module_that_ended_before_it():
     assert [c.module for c in ended] == [None] and [c.module for c in held] == ["Early"]
     assert any("Python events overlap: 1 casts nest under a module" in n for n in ended.notes)
     assert not any("overlap" in n for n in held.notes)
+
+
+def test_a_cause_node_shared_by_two_rows_counts_in_each_and_none_is_blank():
+    """One module holds two frames, each with a cast: two rows by cause, one causing node (the
+    module, 100 µs) that each row credits, less its own cast (10 µs); a cast at top level has
+    no causing node: blank, not 0."""
+    module_us, cast_us = 100.0, 10.0
+    events = [
+        op("nn.Module: Linear_0", BASE, module_us, cat="python_function"),
+        op("model.py(10): first", BASE + 1, 30.0, cat="python_function"),
+        *to_chain(BASE + 5, [8], "float", "c10::BFloat16", "15", dur=cast_us),
+        op("model.py(20): second", BASE + 40, 40.0, cat="python_function"),
+        *to_chain(BASE + 45, [8], "c10::BFloat16", "float", "6", dur=cast_us),
+        *to_chain(BASE + 200, [8], "float", "c10::Half", "5", dur=cast_us),
+    ]
+    doc = json.dumps({"traceEvents": events}).encode()
+    report = casts.report(trace.parse(doc).tree(python=True))
+    rows = {r["cause"]: r["cause cpu us"] for r in report.summary("cause").records()}
+    assert rows == {
+        "Linear (model.py:10)": module_us - cast_us,
+        "Linear (model.py:20)": module_us - cast_us,
+        "(top level)": None,
+    }

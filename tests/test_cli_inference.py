@@ -130,3 +130,22 @@ def test_as_a_process(tmp_path):
     assert proc.stdout.splitlines()[0].startswith("variant,logits,max error")
     assert "fp16 weights" in proc.stdout
     assert "profiler_start" not in proc.stderr  # the profiler's own lines stay off stderr
+
+
+def test_progress_names_each_variant_when_forced(capsys, factory, monkeypatch):
+    argv = ["inference", "--model", f"{factory}:make", "--device", "cpu", "--repeat", "1"]
+    argv += ["--warmup", "0", "--variants", "fp32,bf16"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""  # not a terminal: stderr keeps its contract
+    monkeypatch.setenv("MPGUIDE_PROGRESS", "1")
+    seen = []
+    monkeypatch.setattr(
+        "mpguide.models.progress.Progress.__call__", lambda self, text: seen.append(text)
+    )
+    assert main(argv) == 0
+    assert seen == [
+        "measuring fp32 (1 of 2 variants)",
+        "measuring bf16 weights (2 of 2 variants)",
+        "timing: call 1 of 2 (fp32)",
+        "timing: call 2 of 2 (bf16 weights)",
+    ]

@@ -261,3 +261,31 @@ def test_a_simulated_transformers_model_says_it_takes_another_path(qwen, run):
     assert ops[0] < ops[1]  # the explicit mask's ops, in Qwen2Model's own code
     assert per_module.TRANSFORMERS_PATH in sim["notes"]
     assert per_module.TRANSFORMERS_PATH not in live["notes"]
+
+
+def test_a_report_past_the_memory_available_is_refused_before_it_runs(folder, run, monkeypatch):
+    # make(): Linear(8, 16) and Linear(16, 3), 195 parameters: 1560 bytes as float64, and with
+    # --dtype bf16 a 390-byte copy; 1 kB available.
+    monkeypatch.setenv("MPGUIDE_MEMORY_GB", "1e-6")
+    proc = run(folder, "factories.py:make", "--dtype", "bf16")
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert (
+        "the report needs about 1.95 kB on cpu before activations (float64 copy 1.56 kB, cast "
+        "copy 390 B) and cpu has 1 kB available (MPGUIDE_MEMORY_GB); set MPGUIDE_MEMORY_GB"
+    ) in proc.stderr
+    monkeypatch.setenv("MPGUIDE_MEMORY_GB", "1e-5")
+    assert run(folder, "factories.py:make", "--dtype", "bf16").returncode == 0
+    # A simulated run keeps no copy: nothing to check.
+    monkeypatch.setenv("MPGUIDE_MEMORY_GB", "1e-6")
+    assert run(folder, "factories.py:make", "--device", "cuda", "--simulate").returncode == 0
+
+
+def test_progress_goes_to_stderr_only_on_a_terminal_or_when_forced(folder, run, monkeypatch):
+    quiet = run(folder, "factories.py:make")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    monkeypatch.setenv("MPGUIDE_PROGRESS", "1")
+    shown = run(folder, "factories.py:make")
+    assert shown.stdout == quiet.stdout
+    # The first module call to finish is the first Linear; later lines are at most 4 a second.
+    first = "mpguide: run under autocast to bfloat16: module call 1 done (0)"
+    assert shown.stderr.splitlines()[0] == first

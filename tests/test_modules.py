@@ -1,3 +1,5 @@
+import io
+
 import pytest
 import torch
 from torch import nn
@@ -239,20 +241,11 @@ def test_backward_on_a_device_this_build_cannot_differentiate_is_refused():
 
 @pytest.fixture(scope="module")
 def qwen():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(config), {
-        "input_ids": torch.randint(0, 64, (2, 8)),
-        "use_cache": False,
-    }
+    pytest.importorskip("transformers")
+    from mpguide.models import zoo
+
+    model = zoo.qwen2(vocab=64, hidden=32, intermediate=64)
+    return model, zoo.token_inputs(model, 2, 8)
 
 
 @pytest.mark.slow
@@ -283,3 +276,48 @@ def test_only_values_the_format_flushed_count_as_to_zero():
     report = per_module.report(nn.Sequential(Shift(), nn.ReLU()), x, dtype="bfloat16")
     assert report["0"].error.max_rel == 1.0 and report["1"].error.max_rel == 1.0
     assert report["0"].to_zero == 0 and report["1"].to_zero == 0
+
+
+def test_progress_says_the_first_message_then_at_most_one_each_interval():
+    from mpguide.models import progress
+
+    out, now = io.StringIO(), [0.0]
+    say = progress.Progress(out, every=0.25, clock=lambda: now[0])
+    for t, text in [(0.0, "a"), (0.1, "b"), (0.3, "c"), (0.5, "d"), (0.56, "e")]:
+        now[0] = t
+        say(text)
+    assert out.getvalue() == "mpguide: a\nmpguide: c\nmpguide: e\n"
+    assert progress.to_terminal(io.StringIO()) is None  # not a terminal, not forced
+
+
+def test_memory_needed_counts_each_copy_the_report_keeps(monkeypatch):
+    from mpguide.models import memory
+
+    model = nn.Sequential(nn.Linear(10, 20), nn.BatchNorm1d(20))
+    # Parameters 10*20 + 20 + 2*20 = 260; buffers 2*20 floats and one int64 count.
+    needs = memory.report_needs(model, torch.float16, copied=True, backward=True)
+    assert needs == {"float64 copy": 300 * 8 + 8, "cast copy": 300 * 2 + 8, "gradients": 260 * 2}
+    assert memory.report_needs(model, None, copied=False, backward=False) == {"float64 copy": 2408}
+    with open("/proc/meminfo") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:"))
+    have, where = memory.available(torch.device("cpu"))
+    assert where == "MemAvailable" and abs(have - kb * 1024) < 2**28  # it moves meanwhile
+    monkeypatch.setenv(memory.ENV, "2.5")
+    assert memory.available(torch.device("cpu")) == (2_500_000_000, memory.ENV)
+    monkeypatch.setenv(memory.ENV, "lots")
+    with pytest.raises(MPGuideError, match="MPGUIDE_MEMORY_GB must be a number of GB"):
+        memory.available(torch.device("cpu"))
+
+
+def test_a_cast_is_any_change_of_dtype_in_model_as_in_casts():
+    from mpguide.core import dtypes
+
+    class Positions(nn.Module):
+        def forward(self, x):
+            pos = torch.arange(x.shape[-1]).to(torch.float32)  # int64 -> float32: a cast
+            return x.to(torch.float32) + pos  # float32 -> float32: no cast
+
+    r = per_module.report(Positions(), torch.randn(2, 4), dtype=torch.float32, device="cpu")
+    assert r[""].casts == 1
+    assert dtypes.is_cast(torch.int64, "float32") and dtypes.is_cast("bool", torch.float32)
+    assert not dtypes.is_cast(torch.bfloat16, "bfloat16")

@@ -26,24 +26,15 @@ device.describe(torch.device("cpu"))
 # than the rest (Dettmers et al., LLM.int8(); Sun et al., Massive activations); we make two
 # channels of every RMSNorm weight 50 times larger, so the inputs of the attention and MLP
 # projections carry them.
-import transformers
+from mpguide.models import zoo
 
-config = transformers.Qwen2Config(
-    vocab_size=256,
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
-torch.manual_seed(0)
-model = transformers.Qwen2ForCausalLM(config)
+model = zoo.qwen2(hidden=256, intermediate=512)
 OUTLIERS = [5, 77]
 with torch.no_grad():
     for layer in model.model.layers:
         layer.input_layernorm.weight[OUTLIERS] *= 50
         layer.post_attention_layernorm.weight[OUTLIERS] *= 50
-inputs = {"input_ids": torch.randint(0, config.vocab_size, (2, 64)), "use_cache": False}
+inputs = zoo.token_inputs(model, 2, 64)
 
 from mpguide.models import lowbit_report
 

@@ -33,17 +33,10 @@ device.describe(dev)
 # keyword arguments as ``transformers`` models take them, without a key-value cache.
 import transformers
 
-config = transformers.Qwen2Config(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
-torch.manual_seed(0)
-model = transformers.Qwen2ForCausalLM(config)
-inputs = {"input_ids": torch.randint(0, config.vocab_size, (2, 32)), "use_cache": False}
+from mpguide.models import zoo
+
+model = zoo.qwen2(hidden=64, intermediate=128, layers=2)
+inputs = zoo.token_inputs(model, 2, 32)
 print(f"transformers {transformers.__version__}, {type(model).__name__}: "
       f"{sum(p.numel() for p in model.parameters()):,} parameters")
 

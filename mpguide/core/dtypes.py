@@ -103,6 +103,16 @@ IGNORED_NAMESPACES = frozenset({"prim", "profiler"})
 """Ops no log records: metadata queries (``prim.device``) and profiler ranges."""
 
 
+def is_cast(source: torch.dtype | str, target: torch.dtype | str) -> bool:
+    """Whether converting ``source`` to ``target`` is a cast, as every command counts one
+    (``model``'s casts, ``casts`` in a trace): the two dtypes differ, whatever their kind.
+    ``int64 -> float32`` and ``bool -> float32`` are casts (a kernel reads one format and
+    writes another); a copy into the same dtype is not. Dtypes or their names (``'float32'``)."""
+    return (name(source) if isinstance(source, torch.dtype) else source) != (
+        name(target) if isinstance(target, torch.dtype) else target
+    )
+
+
 def source_index(op: str) -> int | None:
     """Which tensor argument of conversion ``op`` is converted: the second for ``copy``
     (``copy(dst, src)``), else the first; ``None`` when ``op`` is no conversion."""
@@ -123,8 +133,18 @@ class Call:
     out: torch.dtype | None
 
     @property
+    def cast(self) -> tuple[torch.dtype, torch.dtype] | None:
+        """``(source, target)`` when this call is a conversion op that casts (:func:`is_cast`),
+        floating or not."""
+        i = source_index(self.op)
+        if i is None or self.out is None or len(self.ins) <= i:
+            return None
+        return (self.ins[i], self.out) if is_cast(self.ins[i], self.out) else None
+
+    @property
     def conversion(self) -> tuple[torch.dtype, torch.dtype] | None:
-        """``(source, target)`` when this call converts between two floating dtypes."""
+        """``(source, target)`` when this call casts between two floating dtypes: the casts
+        autocast makes, those its policy tables count."""
         i = source_index(self.op)
         if i is None or self.out is None or len(self.ins) <= i:
             return None

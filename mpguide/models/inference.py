@@ -10,7 +10,7 @@ the peak memory of a forward pass and the latency (see :mod:`mpguide.core.timing
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -216,6 +216,7 @@ def compare(
     *,
     warmup: int = 3,
     repeat: int = 15,
+    progress: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Run ``inputs`` through every variant of ``model`` and measure each against fp32.
 
@@ -223,7 +224,8 @@ def compare(
     (what a transformers model takes). ``model`` returns logits whose last dimension is the
     class (or an output with ``logits``); the first dimension of the first input tensor counts
     the items of a forward pass (for throughput). Latencies are taken in interleaved rounds,
-    so background load hits every variant alike.
+    so background load hits every variant alike. ``progress`` is told which variant runs
+    (:class:`mpguide.models.progress.Progress`).
     """
     dev = _device.pick() if dev is None else _device.resolve(str(dev))
     variants = standard(dev) if variants is None else tuple(variants)
@@ -244,7 +246,9 @@ def compare(
     prepared = {v.name: v.prepare(model, dev) for v in variants}
     calls = {v.name: (lambda v=v: v(prepared[v.name], inputs, dev)) for v in variants}
     measured = {}
-    for v in variants:
+    for i, v in enumerate(variants, 1):
+        if progress is not None:
+            progress(f"measuring {v.name} ({i} of {len(variants)} variants)")
         out = _logits(calls[v.name]())
         if out.shape != ref.shape:
             raise MPGuideError(
@@ -260,9 +264,27 @@ def compare(
             parameter_bytes(prepared[v.name]),
             timing.peak_memory(calls[v.name], dev, label=v.name).peak_bytes,
         )
+    if progress is not None:
+        calls = _counted(calls, progress, len(calls) * (warmup + repeat))
     latencies = timing.compare_latency(calls, dev, warmup=warmup, repeat=repeat, items=items)
     results = tuple(Result(v, *measured[v.name], latencies[v.name]) for v in variants)
     return Comparison(results, _device.describe(dev), items)
+
+
+def _counted(
+    calls: dict[str, Callable[[], Any]], progress: Callable[[str], None], total: int
+) -> dict[str, Callable[[], Any]]:
+    """``calls``, each saying before it runs which timed call of ``total`` it is (a progress
+    line costs a clock read where it is not due)."""
+    done = 0
+
+    def counted(name: str, fn: Callable[[], Any]) -> Any:
+        nonlocal done
+        done += 1
+        progress(f"timing: call {done} of {total} ({name})")
+        return fn()
+
+    return {name: (lambda n=name, f=fn: counted(n, f)) for name, fn in calls.items()}
 
 
 def guide(comparison: Comparison, min_agreement: float = 0.99) -> list[str]:

@@ -36,10 +36,7 @@ import json
 import math
 import re
 import traceback
-import weakref
-from bisect import bisect_right
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +46,14 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from mpguide import MPGuideError, error_line
-from mpguide.compiled import graphs
 from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
+from mpguide.models import compare, memory, recorder
+from mpguide.models.recorder import Key, Say
 from mpguide.precision import numerics
+from mpguide.training.autograd import BACKWARD, FORWARD
 
-FORWARD, BACKWARD = "forward", "backward"
 SHOWN = ("module", "type", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero")
 """The columns a table shows by default: where each module's dtypes change and its error."""
 BEYOND = "|ref| > max"
@@ -72,8 +70,6 @@ TRANSFORMERS_PATH = (
     "attention"
 )
 """Why a simulated transformers model runs ops a live run does not."""
-Key = tuple[str, int]
-"""A module call: the module's qualified name and which of its calls (0 for the first)."""
 
 
 @dataclass(frozen=True)
@@ -110,179 +106,12 @@ class ModuleCall:
     def label(self) -> str:
         """The qualified name (``(root)`` for the model itself), with the call when not the
         first (``layers.0.mlp, call 2``)."""
-        return _label(self.key)
+        return recorder.label(self.key)
 
     @property
     def nonfinite(self) -> int | None:
         """Infinities and NaNs returned where the reference is finite (``None``: unknown)."""
         return None if self.inf is None else self.inf + (self.nan or 0)
-
-
-def _label(key: Key) -> str:
-    name, index = key
-    return (name or "(root)") + (f", call {index + 1}" if index else "")
-
-
-def _floats(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def _dtypes_of(value: Any) -> tuple[torch.dtype, ...]:
-    return tuple(dict.fromkeys(t.dtype for t in tree_leaves(value) if isinstance(t, torch.Tensor)))
-
-
-@dataclass
-class _Seen:
-    """A module call while a run records it."""
-
-    name: str
-    index: int
-    kind: str
-    depth: int
-    inputs: tuple[torch.dtype, ...]
-    outputs: tuple[torch.dtype, ...] = ()
-    finished: int = 0
-    ops: Counter = field(default_factory=Counter)
-    casts: dict[str, Counter] = field(
-        default_factory=lambda: {FORWARD: Counter(), BACKWARD: Counter()}
-    )
-
-    @property
-    def key(self) -> Key:
-        return self.name, self.index
-
-
-Hook = Callable[[_Seen, Any], None]
-
-
-class _Recorder(dtypes.Log):
-    """One run of a model: its module calls in call order, each with its dtypes and, per
-    phase, its ops and conversions; ``on_input`` and ``on_output`` see each call's arguments
-    and output."""
-
-    def __init__(self, model: torch.nn.Module, on_input: Hook | None, on_output: Hook | None):
-        super().__init__()
-        self.model, self.on_input, self.on_output = model, on_input, on_output
-        self.seen: list[_Seen] = []
-        self.stack: list[_Seen] = []
-        self._calls: Counter[str] = Counter()
-        self._finished = 0
-        self._paused = False
-        # Autograd numbers its nodes as the forward makes them: where each number range began,
-        # and the module call innermost then.
-        self._starts: list[int] = []
-        self._owners: list[_Seen | None] = []
-
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        if self._paused:
-            return
-        super().record(func, args, kwargs, out)
-        node = torch._C._current_autograd_node()
-        if node is None:
-            phase, owner = FORWARD, self.stack[-1] if self.stack else None
-        else:
-            phase, owner = BACKWARD, self._owner(node._sequence_nr())
-        if owner is not None:
-            owner.ops[phase] += 1
-            pair = self.calls[-1].conversion
-            if pair is not None:
-                owner.casts[phase][pair] += 1
-
-    def _owner(self, sequence_nr: int) -> _Seen | None:
-        i = bisect_right(self._starts, sequence_nr) - 1
-        return self._owners[i] if i >= 0 else None
-
-    def _mark(self) -> None:
-        self._starts.append(torch._C._autograd._get_sequence_nr())
-        self._owners.append(self.stack[-1] if self.stack else None)
-
-    @contextmanager
-    def _pause(self) -> Iterator[None]:
-        self._paused = True
-        try:
-            yield
-        finally:
-            self._paused = False
-
-    def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> None:
-        with self._pause():
-            seen = _Seen(
-                name,
-                self._calls[name],
-                type(module).__name__,
-                len(self.stack),
-                _dtypes_of((args, kwargs)),
-            )
-            self._calls[name] += 1
-            self.seen.append(seen)
-            self.stack.append(seen)
-            self._mark()
-            if self.on_input is not None:
-                self.on_input(seen, (args, kwargs))
-
-    def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        with self._pause():
-            seen = self.stack.pop()
-            self._mark()
-            seen.outputs = _dtypes_of(output)
-            self._finished += 1
-            seen.finished = self._finished
-            if self.on_output is not None:
-                self.on_output(seen, output)
-
-    @contextmanager
-    def hooked(self) -> Iterator[_Recorder]:
-        """Hooks on every module of the model and this log active, inside the block."""
-        handles = []
-        try:
-            for name, module in self.model.named_modules():
-                handles.append(
-                    module.register_forward_pre_hook(
-                        lambda m, a, k, name=name: self._pre(m, a, k, name), with_kwargs=True
-                    )
-                )
-                handles.append(module.register_forward_hook(self._post, with_kwargs=True))
-            with self:
-                yield self
-        finally:
-            for h in handles:
-                h.remove()
-
-    def by_key(self) -> dict[Key, _Seen]:
-        return {s.key: s for s in self.seen}
-
-
-@contextmanager
-def _eval(model: torch.nn.Module) -> Iterator[None]:
-    """Every module of ``model`` in eval mode inside the block, each restored after."""
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-def _run(
-    model: torch.nn.Module,
-    args: tuple,
-    kwargs: dict,
-    target: _device.Target,
-    autocast: torch.dtype | None,
-    backward: bool,
-    on_input: Hook | None = None,
-    on_output: Hook | None = None,
-) -> tuple[_Recorder, bool]:
-    """Run ``model`` once, recorded; returns the record and whether a backward pass ran."""
-    recorder = _Recorder(model, on_input, on_output)
-    ran_backward = False
-    with _eval(model), recorder.hooked():
-        with torch.set_grad_enabled(backward), _device.autocast(target, autocast):
-            out = model(*args, **kwargs)
-        if backward:
-            ran_backward = graphs.backward_once(out)
-    return recorder, ran_backward
 
 
 def arguments(inputs: Any) -> tuple[tuple, dict]:
@@ -311,84 +140,6 @@ def _cast_floats(value: Any, dtype: torch.dtype | None) -> Any:
         lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
         value,
     )
-
-
-class _Outputs:
-    """The low-precision run's values kept for the reference run: each call's output and
-    first floating input (an input that is an earlier output, unchanged, is kept once)."""
-
-    def __init__(self):
-        self.outputs: dict[Key, list[torch.Tensor]] = {}
-        self.inputs: dict[Key, torch.Tensor] = {}
-        self._kept: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
-
-    def _keep(self, t: torch.Tensor) -> torch.Tensor:
-        seen = self._kept.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t._version:
-            return seen[2]
-        copy_ = t.detach().clone()
-        self._kept[id(t)] = (weakref.ref(t), t._version, copy_)
-        return copy_
-
-    def on_input(self, seen: _Seen, value: Any) -> None:
-        first = _floats(value)[:1]
-        if first:
-            self.inputs[seen.key] = self._keep(first[0])
-
-    def on_output(self, seen: _Seen, value: Any) -> None:
-        self.outputs[seen.key] = [self._keep(t) for t in _floats(value)]
-
-    def close(self) -> None:
-        """The run is over: each kept value is held only until it is compared."""
-        self._kept.clear()
-
-
-@dataclass
-class _Numbers:
-    input_error: numerics.ErrorStats | None = None
-    input_nonfinite: int | None = None
-    error: numerics.ErrorStats | None = None
-    inf: int | None = None
-    nan: int | None = None
-    to_zero: int | None = None
-    beyond_range: int | None = None
-
-
-def _flat(low: list[torch.Tensor], ref: list[torch.Tensor]):
-    """Both lists of tensors flattened into one float64 vector each; ``None`` where they do
-    not pair up (a different number or shapes of tensors) or hold no value."""
-    if [t.shape for t in low] != [t.shape for t in ref] or not sum(t.numel() for t in low):
-        return None
-    return tuple(torch.cat([t.detach().reshape(-1).double() for t in ts]) for ts in (low, ref))
-
-
-class _Compare:
-    """The reference run's hooks: each call's input and output against the kept values."""
-
-    def __init__(self, kept: _Outputs, largest: float, tiny: float):
-        self.kept, self.largest, self.tiny = kept, largest, tiny
-        self.numbers: dict[Key, _Numbers] = {}
-
-    def on_input(self, seen: _Seen, value: Any) -> None:
-        low = self.kept.inputs.pop(seen.key, None)
-        pair = _flat([low], _floats(value)[:1]) if low is not None else None
-        if pair is not None:
-            n = self.numbers.setdefault(seen.key, _Numbers())
-            n.input_error = numerics.errors(*pair)
-            n.input_nonfinite = int((~torch.isfinite(pair[0]) & torch.isfinite(pair[1])).sum())
-
-    def on_output(self, seen: _Seen, value: Any) -> None:
-        pair = _flat(self.kept.outputs.pop(seen.key, []), _floats(value))
-        if pair is None:
-            return
-        a, r = pair
-        finite = torch.isfinite(r)
-        n = self.numbers.setdefault(seen.key, _Numbers())
-        n.error = numerics.errors(a, r)
-        n.inf = int((torch.isinf(a) & finite).sum())
-        n.nan = int((torch.isnan(a) & finite).sum())
-        n.to_zero = int(((a == 0) & (r != 0) & (r.abs() < self.tiny)).sum())
-        n.beyond_range = int((finite & (r.abs() > self.largest)).sum())
 
 
 @dataclass(frozen=True)
@@ -459,7 +210,7 @@ class Report:
         """``autocast(cpu, bfloat16)`` or ``cast to float16``."""
         if self.autocast is not None:
             return f"autocast({self.target.device.type}, {dtypes.name(self.autocast)})"
-        return f"cast to {dtypes.name(self.dtype)}"
+        return _run_name(None, self.dtype)
 
     @property
     def caption(self) -> str:
@@ -493,7 +244,7 @@ class Report:
         else:
             out.append(f"no module's error grew {JUMP:g} times or more from input to output")
         if self.narrowed:
-            names = [_label(key) for key in self.narrowed[:3]]
+            names = [recorder.label(key) for key in self.narrowed[:3]]
             out.append(
                 f"the float64 reference itself converted to a narrower dtype in "
                 f"{len(self.narrowed)} module calls ({', '.join(names)}"
@@ -668,7 +419,7 @@ def _nested(calls) -> Iterator[str]:
         parent = stack[-1] if stack else ""
         name = c.name[len(parent) + 1 :] if parent and c.name.startswith(parent + ".") else None
         stack.append(c.name)
-        label = _label((name or c.name, c.index)) if c.depth else c.label
+        label = recorder.label((name or c.name, c.index)) if c.depth else c.label
         yield "  " * c.depth + label
 
 
@@ -707,6 +458,7 @@ def report(
     device: _device.Target | torch.device | str | None = None,
     simulate: bool = False,
     backward: bool = False,
+    progress: Say | None = None,
 ) -> Report:
     """Run ``model`` on ``inputs`` (a tensor, a tuple or list of arguments, or a dict of
     keyword arguments) under ``autocast`` (bfloat16 or float16; the default when no
@@ -714,7 +466,9 @@ def report(
     on ``device`` (default :func:`mpguide.core.device.pick`; live where this machine has it,
     simulated where it does not or ``simulate`` is true), and report every module call (see
     the module's docstring). The model itself is left as it was: it is copied where it must be
-    cast or moved, and its modules' training flags are restored."""
+    cast or moved, and its modules' training flags are restored. Before a live run, the
+    copies it keeps are checked against the memory the device has
+    (:func:`mpguide.models.memory.check`). ``progress`` is told each module call done."""
     if not isinstance(model, torch.nn.Module):
         raise MPGuideError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
     if autocast is not None and dtype is not None:
@@ -730,17 +484,21 @@ def report(
         raise MPGuideError(f"no backward pass: {_device.no_autograd_reason(target.device.type)}")
     args, kwargs = arguments(inputs)
     low_model = model
-    if dtype is not None or (not target.simulated and _on_other_device(model, target)):
+    copied = dtype is not None or (not target.simulated and _on_other_device(model, target))
+    if not target.simulated:
+        memory.check(memory.report_needs(model, dtype, copied, backward), target.device)
+    if copied:
         low_model = copy.deepcopy(model).to(device=_live(target), dtype=dtype)
     low_inputs = _cast_floats((args, kwargs), dtype)
     params = {
-        n: _dtypes_of(list(m.parameters(recurse=False))) for n, m in low_model.named_modules()
+        n: recorder.dtypes_of(list(m.parameters(recurse=False)))
+        for n, m in low_model.named_modules()
     }
 
-    kept = None if target.simulated else _Outputs()
+    kept = None if target.simulated else compare.Kept()
     with _device.tensors(target, [low_model]), _simulation_limits(target):
         a, k = _device.move(low_inputs, target)
-        run, ran_backward = _run(
+        run, ran_backward = recorder.run(
             low_model,
             a,
             k,
@@ -749,39 +507,64 @@ def report(
             backward,
             kept and kept.on_input,
             kept and kept.on_output,
+            progress and (progress, "run " + _run_name(autocast, dtype), None),
         )
         if kept is not None:
             kept.close()
         plain = None
+        total = len(run.seen)
         if autocast is not None:
-            plain, _ = _run(low_model, a, k, target, None, backward)
+            stage = "run with autocast off"
+            plain, _ = recorder.run(
+                low_model,
+                a,
+                k,
+                target,
+                None,
+                backward,
+                progress=progress and (progress, stage, total),
+            )
     notes = []
     if target.simulated and type(model).__module__.startswith("transformers."):
         notes.append(TRANSFORMERS_PATH)
     if backward and not ran_backward:
         notes.append("no backward pass: nothing the output depends on requires grad")
 
-    numbers: dict[Key, _Numbers] = {}
+    numbers: dict[Key, compare.Numbers] = {}
     narrowed: tuple[Key, ...] = ()
     if kept is not None:
         reference = copy.deepcopy(model).to(device=target.device, dtype=torch.float64)
         a, k = _device.move(_cast_floats((args, kwargs), torch.float64), target)
         low = torch.finfo(autocast or dtype)
-        compare = _Compare(kept, low.max, low.tiny)
+        comparing = compare.Compare(kept, low.max, low.tiny)
         try:
-            ref, _ = _run(reference, a, k, target, None, False, compare.on_input, compare.on_output)
+            ref, _ = recorder.run(
+                reference,
+                a,
+                k,
+                target,
+                None,
+                False,
+                comparing.on_input,
+                comparing.on_output,
+                progress and (progress, "float64 reference", total),
+            )
         except Exception as err:
             raise MPGuideError(
                 f"the float64 copy of the model raised {error_line(err)}: the reference needs "
                 "a model that runs in float64"
             ) from err
-        numbers = compare.numbers
+        numbers = comparing.numbers
         narrowed = tuple(
-            s.key for s in ref.seen if any(a == torch.float64 != b for a, b in s.casts[FORWARD])
+            s.key
+            for s in ref.seen
+            if any(a == torch.float64 != b and b.is_floating_point for a, b in s.casts[FORWARD])
         )
     plain_seen = plain.by_key() if plain is not None else {}
     calls = tuple(
-        _module_call(s, plain_seen.get(s.key), numbers.get(s.key, _Numbers()), params, backward)
+        _module_call(
+            s, plain_seen.get(s.key), numbers.get(s.key, compare.Numbers()), params, backward
+        )
         for s in run.seen
     )
     return Report(
@@ -795,6 +578,12 @@ def report(
         narrowed,
         tuple(notes),
     )
+
+
+def _run_name(autocast: torch.dtype | None, dtype: torch.dtype | None) -> str:
+    if autocast is not None:
+        return f"under autocast to {dtypes.name(autocast)}"
+    return f"cast to {dtypes.name(dtype)}"
 
 
 @contextmanager
@@ -832,9 +621,9 @@ def _caller(err: BaseException) -> str:
 
 
 def _module_call(
-    s: _Seen,
-    plain: _Seen | None,
-    num: _Numbers,
+    s: recorder.Seen,
+    plain: recorder.Seen | None,
+    num: compare.Numbers,
     params: dict[str, tuple[torch.dtype, ...]],
     backward: bool,
 ) -> ModuleCall:

@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
+from mpguide.core.dtypes import is_cast
 from mpguide.core.table import Table
 from mpguide.traces.calltree import (
     ANNOTATION,
@@ -852,7 +853,7 @@ def _chain_pair(tree: Tree, top: int) -> tuple[str, str] | None:
         if node.name == "aten::copy_":
             args = _cast_args(_CAST_ARGS, node.tree.trace.args.raw(node.id), tree.trace.source)
             pair = _describe(*_key(node.name, args))[0]
-            if pair[0] != pair[1]:
+            if is_cast(*pair):
                 return pair
     return None
 
@@ -1023,9 +1024,9 @@ def report(tree: Tree) -> CastReport:
     pair_of_key, pairs = codes((p for p, _ in described), len(described))
     pair = pair_of_key[shape]
     known = np.array([UNKNOWN not in p for p in pairs], dtype=bool)[pair]
-    same = np.array([p[0] == p[1] for p in pairs], dtype=bool)[pair]
+    cast = np.array([is_cast(*p) for p in pairs], dtype=bool)[pair]
     nothing = np.array([p == (UNKNOWN, UNKNOWN) for p in pairs], dtype=bool)[pair]
-    kept = known & ~same
+    kept = known & cast
     pairs = list(pairs)
     untyped = 0
     for k in np.flatnonzero(~known).tolist():
