@@ -31,8 +31,7 @@ if _missing:
 import torch
 
 import mpguide
-from mpguide.core import device
-from mpguide.core import record, versions
+from mpguide.core import device, record, versions
 
 _machine = device.describe()
 

@@ -43,9 +43,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpguide.core import device
 from mpguide.compiled import graphs
-from mpguide.core import dtypes, timing
+from mpguide.core import device, dtypes, timing
 from mpguide.models import per_module
 
 GOAL = 3.0
