@@ -9,12 +9,12 @@ dtypes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from mpguide import MPGuideError
 from mpguide.core.table import Table
@@ -162,6 +162,20 @@ class Call:
         )
 
 
+def leaves(value: Any) -> Iterator[Any]:
+    """The leaves of an op's arguments or outputs, in order: what ATen passes holds only
+    tuples, lists and dicts, so this walks those alone (torch's pytree, which knows every
+    container, costs several times more per op)."""
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            yield from leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from leaves(v)
+    else:
+        yield value
+
+
 class Log(TorchDispatchMode):
     """Records every op that reaches the dispatcher inside it, as :class:`Call` objects.
 
@@ -180,10 +194,16 @@ class Log(TorchDispatchMode):
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Keep one op that ran: ``func(*args, **kwargs)`` returned ``out``."""
-        ins = tuple(a.dtype for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor))
-        given = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.dtype)), None)
-        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
-        self.calls.append(Call(str(func), ins, given, outs[0].dtype if outs else None))
+        ins, given = [], None
+        for a in leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor):
+                ins.append(a.dtype)
+            elif given is None and isinstance(a, torch.dtype):
+                given = a
+        first = next((o for o in leaves(out) if isinstance(o, torch.Tensor)), None)
+        self.calls.append(
+            Call(str(func), tuple(ins), given, None if first is None else first.dtype)
+        )
 
     def conversions(self) -> list[tuple[torch.dtype, torch.dtype]]:
         """The floating-point conversions logged, in order."""
