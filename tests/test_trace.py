@@ -2,6 +2,7 @@ import gzip
 import io
 import json
 import math
+from collections import Counter
 from operator import attrgetter
 from pathlib import Path
 
@@ -736,3 +737,37 @@ def test_array_nesting_is_the_stack_nesting(spans):
     parent, depth, counts = found
     assert parent.tolist() == parents and depth.tolist() == depths
     assert [counts[k] for k in ("touching", "identical")] == [seen["touching"], seen["identical"]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 20), st.integers(0, 6)), max_size=50),
+    st.integers(1, 7),
+)
+def test_nesting_a_chunk_at_a_time_is_the_stack_nesting(spans, chunk):
+    """The tree nests each thread a chunk at a time (item 1 of issue 42: memory); with
+    chunks of a few events it nests as one stack over the whole thread does."""
+    events = [op(f"e{k}", BASE + s, d, tid=t) for k, (t, s, d) in enumerate(spans)]
+    whole = tree_of(*events)
+    original = calltree._CHUNK
+    calltree._CHUNK = chunk
+    try:
+        chunked = tree_of(*events)
+    finally:
+        calltree._CHUNK = original
+    assert chunked.parent.tolist() == whole.parent.tolist()
+    assert chunked.depth.tolist() == whole.depth.tolist()
+    assert chunked.order.tolist() == whole.order.tolist()
+    assert chunked.anomalies == whole.anomalies
+    seen = Counter()
+    for t in (0, 1):  # and as one stack nests each thread's events, sorted
+        ids = [k for k, s in enumerate(spans) if s[0] == t]
+        ids.sort(key=lambda k: (spans[k][1], -spans[k][2]))
+        start = [spans[k][1] for k in ids]
+        end = [spans[k][1] + spans[k][2] for k in ids]
+        parents, depths, counts = calltree._nest_in_stack(start, end)
+        seen += counts
+        assert [chunked.parent[k] for k in ids] == [ids[p] if p >= 0 else -1 for p in parents]
+        assert [chunked.depth[k] for k in ids] == depths
+    for key in ("overlaps", "touching", "identical"):
+        assert getattr(chunked.anomalies, key) == seen[key]

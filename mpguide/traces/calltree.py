@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
-from itertools import compress, islice, repeat
+from itertools import compress, islice, pairwise, repeat
 from operator import attrgetter, is_not
 from typing import Any, NamedTuple, Protocol
 
@@ -68,7 +68,7 @@ class Events(Protocol):
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
-PYTHON, ANNOTATION, OP = "python_function", "user_annotation", "cpu_op"
+PYTHON, ANNOTATION = "python_function", "user_annotation"
 MODULE_MARK = "nn.Module: "
 """How ``with_modules``/``with_stack`` traces name the ``python_function`` range of a module's
 call: ``nn.Module: Qwen2RMSNorm_3`` (the class, then the instance's number)."""
@@ -341,7 +341,7 @@ class Tree:
         """Each (pid, tid)'s root ids in time order, grouped by array operations."""
         pid, tid = self.trace.pid, self.trace.tid
         ids = self.order[self.parent[self.order] < 0]
-        thread = pid.codes[ids] * max(len(tid.values), 1) + tid.codes[ids]
+        thread = pid.codes[ids] * np.int64(max(len(tid.values), 1)) + tid.codes[ids]
         _, seen_first = np.unique(thread, return_index=True)
         by_thread = np.argsort(thread, kind="stable")
         groups = np.split(ids[by_thread], np.flatnonzero(np.diff(thread[by_thread])) + 1)
@@ -758,7 +758,10 @@ def _link_gpu(trace: Events, gpu, launch, start, thread, base: int, parent: np.n
     """Parent every GPU event in ``gpu`` to its launch among ``launch`` (see the module
     docs); return the mask of linked events, and the number of GPU events whose key
     launches of several processes share, and of those left unlinked."""
-    process, n_proc = trace.pid.codes, max(len(trace.pid.values), 1)
+    n = len(parent)
+    if not len(gpu):
+        return np.zeros(n, bool), 0, 0
+    process, n_proc = trace.pid.codes, np.int64(max(len(trace.pid.values), 1))
     sources = (
         _flow_links(trace, gpu, launch, start, thread, base),
         _correlation_links(trace, gpu, launch),
@@ -769,7 +772,6 @@ def _link_gpu(trace: Events, gpu, launch, start, thread, base: int, parent: np.n
         learned = _pairs(links.gpu, got, shared, process, n_proc)
         agree = (learned == -1) | (learned == pairs)
         pairs = np.where(pairs == -1, learned, np.where(agree, pairs, -2))
-    n = len(parent)
     link, flow_bound, is_shared = (
         np.full(n, -1, dtype=np.int64),
         np.zeros(n, bool),
@@ -880,25 +882,187 @@ def _nest(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, C
     return np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64), seen
 
 
-def _time_order(
-    ids: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray, thread: np.ndarray
-) -> np.ndarray:
-    """``ids`` sorted by thread, then start, then longest first, then layer, then file order.
+_CHUNK = 1 << 18
+"""Events a thread is nested in at a time: the arrays of one chunk are what nesting holds
+beyond the tree."""
 
-    Exports often list each thread's events in time order already: then only threads need
-    sorting.
-    """
-    ids = ids[np.argsort(thread[ids], kind="stable")]
-    first = start[ids]
-    by_length = (first - end[ids]) * 4 + rank[ids]
-    later, shorter, other_thread = np.diff(first), np.diff(by_length), np.diff(thread[ids])
-    if not ((later > 0) | ((later == 0) & (shorter >= 0)) | (other_thread != 0)).all():
-        ids = ids[np.lexsort((by_length, first, thread[ids]))]
-    return ids
+
+def _index_type(n: int) -> type:
+    """The smallest integer type that holds an event's id and -1."""
+    return np.int32 if n < 2**31 else np.int64
+
+
+def _where(mask: np.ndarray, dtype: type) -> np.ndarray:
+    """``np.flatnonzero(mask)`` as ``dtype``, found a chunk at a time."""
+    parts = [
+        np.flatnonzero(mask[lo : lo + _CHUNK]).astype(dtype) + dtype(lo)
+        for lo in range(0, len(mask), _CHUNK)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+class _Lazy:
+    """An array of one value per event made only for the events asked for: ``f(ids)``."""
+
+    def __init__(self, f: Callable[[np.ndarray], np.ndarray]):
+        self._f = f
+
+    def __getitem__(self, ids):
+        if np.ndim(ids) == 0:
+            return self._f(np.array([ids]))[0]
+        return self._f(np.asarray(ids))
+
+
+def _spans(trace: Events, ids: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of the timed events ``ids`` in integer nanoseconds after ``base``."""
+    start = _absolute_ns(trace.ts[ids])
+    start -= base
+    dur = trace.dur[ids] * 1000.0
+    end = np.rint(dur, out=dur).astype(np.int64)
+    end += start
+    return start, end
+
+
+def _order_key(start: np.ndarray, end: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Longest first, then layer, among events of one start."""
+    key = start - end
+    key *= 4
+    key += rank
+    return key
+
+
+def _sorted_runs(ids, trace: Events, base: int, rank: np.ndarray, lo: int, hi: int) -> bool:
+    """Whether ``ids[lo:hi]``, one thread's events, are in (start, longest first, layer)
+    order already, checked a chunk at a time."""
+    last = None
+    for a in range(lo, hi, _CHUNK):
+        part = ids[a : min(a + _CHUNK, hi)]
+        start, end = _spans(trace, part, base)
+        key = _order_key(start, end, rank[part])
+        if last is not None:
+            start, key = np.append(last[0], start), np.append(last[1], key)
+        later, longer = np.diff(start), np.diff(key)
+        if not ((later > 0) | ((later == 0) & (longer >= 0))).all():
+            return False
+        last = start[-1], key[-1]
+    return True
+
+
+def _sort_thread(ids, trace: Events, base: int, rank: np.ndarray, lo: int, hi: int) -> None:
+    """Sort one thread's events ``ids[lo:hi]`` by start, then longest first, then layer,
+    then file order, in place."""
+    part = ids[lo:hi]
+    start, end = _spans(trace, part, base)
+    key = _order_key(start, end, rank[part])
+    del end
+    ids[lo:hi] = part[np.lexsort((key, start))]
+
+
+class _Stack:
+    """The open events of a thread being nested, outermost first: their ids in a buffer that
+    grows, and their ends computed when asked for. Event ``k`` of the stack is at depth
+    ``k``: the stack is the ancestors of the event nested last, and that event."""
+
+    def __init__(self, dtype: type):
+        self.ids = np.zeros(1024, dtype)
+        self.size = 0
+
+    def keep(self, n: int, more: np.ndarray) -> None:
+        """Keep the first ``n`` open events and open ``more`` above them."""
+        need = n + len(more)
+        if need > len(self.ids):
+            grown = np.zeros(max(need, len(self.ids) * 3 // 2), self.ids.dtype)
+            grown[:n] = self.ids[:n]
+            self.ids = grown
+        self.ids[n:need] = more
+        self.size = need
+
+    def still_open(self, trace: Events, base: int, at: np.ndarray) -> np.ndarray:
+        """For each time in ``at`` (ascending, none before the stack's events start), how
+        many events of the stack end after it: the ends fall from the bottom of the stack to
+        its top, so those are its first ones."""
+        latest = int(at[-1]) if len(at) else 0
+        bottom = self.size
+        while bottom:  # down from the top to the first event that ends after the latest time
+            lo = max(bottom - _CHUNK, 0)
+            still = int(np.count_nonzero(_spans(trace, self.ids[lo:bottom], base)[1] > latest))
+            if still:
+                bottom = lo + still
+                break
+            bottom = lo
+        top = _spans(trace, self.ids[bottom : self.size], base)[1][::-1]  # ascending
+        return bottom + len(top) - np.searchsorted(top, at, side="right")
+
+
+def _matches_start(ids, trace, base, lo: int, hi: int, ends, starts, past: int) -> int:
+    """How many of ``ends`` (nanoseconds) are the start of one of the thread's events
+    ``ids[lo:hi]``, whose starts ascend: ``starts`` are those of ``ids[lo:past]``."""
+    found = np.isin(ends, starts) if len(starts) else np.zeros(len(ends), bool)
+    rest = ends[~found & (ends > (starts[-1] if len(starts) else -(2**63)))]
+    if len(rest) and past < hi:
+        last = _spans(trace, ids[hi - 1 : hi], base)[0][0]
+        rest = rest[rest <= last]
+        a = np.full(len(rest), past, dtype=np.int64)  # binary search over starts not made
+        b = np.full(len(rest), hi, dtype=np.int64)
+        while (live := a < b).any():
+            mid = (a + b) // 2
+            below = _spans(trace, ids[np.minimum(mid, hi - 1)], base)[0] < rest
+            a = np.where(live & below, mid + 1, a)
+            b = np.where(live & ~below, mid, b)
+        hit = a < hi
+        hit[hit] = _spans(trace, ids[a[hit]], base)[0] == rest[hit]
+        return int(found.sum()) + int(hit.sum())
+    return int(found.sum())
+
+
+def _nest_thread(ids, trace, base, lo: int, hi: int, parent, depth) -> Counter | None:
+    """Nest one thread's events ``ids[lo:hi]``, in (start, longest first) order, a chunk
+    at a time (:func:`_nest_without_overlaps` on the chunk, its roots put under the open
+    events before it), writing ``parent`` and ``depth``; None, with nothing decided, if
+    an event overlaps its parent."""
+    stack = _Stack(ids.dtype)
+    seen: Counter = Counter()
+    ahead = None
+    for a in range(lo, hi, _CHUNK):
+        b = min(a + _CHUNK, hi)
+        part = ids[a:b]
+        start, end = ahead if ahead is not None else _spans(trace, part, base)
+        ahead = _spans(trace, ids[b : min(b + _CHUNK, hi)], base) if b < hi else None
+        found = _nest_without_overlaps(start, end)
+        if found is None:
+            return None
+        local, level, counts = found
+        counts.pop("touching", None)
+        seen += counts
+        below = stack.still_open(trace, base, start)
+        root = local < 0
+        up = np.where(below[root] > 0, stack.ids[np.maximum(below[root] - 1, 0)], -1)
+        if (up >= 0).any():
+            s_up, e_up = _spans(trace, up[up >= 0], base)
+            s_in, e_in = start[root][up >= 0], end[root][up >= 0]
+            if (e_in > e_up).any():
+                return None
+            seen["identical"] += int(((s_in == s_up) & (e_in == e_up)).sum())
+        parent[part] = np.where(root, 0, part[np.maximum(local, 0)])
+        parent[part[root]] = up
+        depth[part] = level + below
+        positive = end > start
+        nexts = start if ahead is None else np.concatenate((start, ahead[0]))
+        seen["touching"] += _matches_start(
+            ids, trace, base, lo, hi, end[positive], nexts, b + len(nexts) - len(start)
+        )
+        last = start[-1]
+        inside = np.flatnonzero((end > last) & (np.arange(len(part)) < len(part) - 1))
+        stack.keep(int(below[-1]), np.append(part[inside], part[-1]))
+    return seen
 
 
 def build(trace: Events, *, python: bool = False, annotations: bool = True) -> Tree:
-    """Nest a trace's complete events into per-thread call trees (see the module docs)."""
+    """Nest a trace's complete events into per-thread call trees (see the module docs).
+
+    Memory beyond the trace is a few bytes an event (masks, parents, depths, the time
+    order) and the arrays of one chunk of :data:`_CHUNK` events: times in nanoseconds are
+    made a chunk at a time."""
     n = len(trace)
     cat, cats = trace.cat
     left_out = {PYTHON} if not python else set()
@@ -910,23 +1074,24 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
     runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in RUNTIME_CATEGORIES])
     rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int8)[cat]
     timed = ~(np.isnan(trace.ts) | np.isnan(trace.dur))
-    ts, dur = np.where(timed, trace.ts, 0.0), np.where(timed, trace.dur, 0.0)
-    with np.errstate(over="ignore", invalid="ignore"):  # the check is for such times
-        bad = ~((np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US))
-    if bad.any():
-        raise _bad_time(trace, int(np.flatnonzero(bad)[0]))
-    del bad  # memory: the arrays of n events are freed as soon as they are done with
-    start = _absolute_ns(ts)
-    base = int(start[timed].min()) if timed.any() else 0
-    start -= base
-    dur *= 1000.0
-    end = np.rint(dur, out=dur).astype(np.int64)
-    end += start
-    del ts, dur
+    for lo in range(0, n, _CHUNK):
+        ts, dur = trace.ts[lo : lo + _CHUNK], trace.dur[lo : lo + _CHUNK]
+        with np.errstate(over="ignore", invalid="ignore"):  # the check is for such times
+            good = (np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US)
+        bad = ~good & timed[lo : lo + _CHUNK]
+        if bad.any():
+            raise _bad_time(trace, lo + int(np.flatnonzero(bad)[0]))
+    first = float(np.min(trace.ts, where=timed, initial=np.inf))
+    base = int(_absolute_ns(np.array([first]))[0]) if timed.any() else 0
     no_time = int((included & ~timed).sum())
     included &= timed
-    thread = trace.pid.codes * len(trace.tid.values) + trace.tid.codes
-    parent = np.full(n, -1, dtype=np.int64)
+    del timed
+    n_tid = np.int64(max(len(trace.tid.values), 1))
+    pid_codes, tid_codes = trace.pid.codes, trace.tid.codes
+    thread = _Lazy(lambda ids: pid_codes[ids] * n_tid + tid_codes[ids])
+    start = _Lazy(lambda ids: _spans(trace, ids, base)[0])
+    index = _index_type(n)
+    parent = np.full(n, -1, dtype=index)
     linked, shared, ambiguous = _link_gpu(
         trace,
         np.flatnonzero(included & is_gpu),
@@ -936,20 +1101,34 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
         base,
         parent,
     )
-
-    nested = np.flatnonzero(included & ~linked)
-    nested = _time_order(nested, start, end, rank, thread)
-    del rank
-    depth = np.zeros(n, dtype=np.int64)
+    del runtime
+    nested = _where(included & ~linked, index)
+    if len(trace.pid.values) * len(trace.tid.values) > 1:
+        key = thread[nested]
+        if (np.diff(key) < 0).any():
+            by = np.argsort(key, kind="stable")
+            nested, key = nested[by], key[by]
+            del by
+        bounds = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), len(nested)]
+        del key
+    else:
+        bounds = [0, len(nested)]
+    depth = np.zeros(n, dtype=index)
     seen: Counter = Counter()
-    bounds = np.flatnonzero(np.diff(thread[nested])) + 1
-    for ids in np.split(nested, bounds):
-        par, dep, counts = _nest(start[ids], end[ids])
-        parent[ids] = np.where(par >= 0, ids[par], -1)
-        depth[ids] = dep
+    for lo, hi in pairwise(bounds):
+        if lo == hi:
+            continue
+        if not _sorted_runs(nested, trace, base, rank, lo, hi):
+            _sort_thread(nested, trace, base, rank, lo, hi)
+        counts = _nest_thread(nested, trace, base, lo, hi, parent, depth)
+        if counts is None:  # an overlap: one stack over the whole thread
+            ids = nested[lo:hi]
+            par, dep, counts = _nest(*_spans(trace, ids, base))
+            parent[ids] = np.where(par >= 0, ids[par], -1)
+            depth[ids] = dep
         seen += counts
-    del start, end, thread
-    linked_ids = np.flatnonzero(linked)
+    del rank
+    linked_ids = _where(linked, index)
     depth[linked_ids] = depth[parent[linked_ids]] + 1
     order = np.concatenate((nested, linked_ids))
     anomalies = Anomalies(

@@ -910,6 +910,8 @@ def _readers_frame(name: str) -> bool:
 
 
 def _contexts(tree: Tree, ids: np.ndarray) -> tuple[_Context, int]:
+    if not len(ids):
+        return _Context(*(np.zeros(0, np.int64) for _ in _Context._fields)), 0
     python = tree.in_category(PYTHON.__eq__)
     cast_op = tree.named(CAST_OPS.__contains__)
     not_work = tree.in_category(lambda c: c in RUNTIME_CATEGORIES or c.startswith("gpu_"))
@@ -920,7 +922,7 @@ def _contexts(tree: Tree, ids: np.ndarray) -> tuple[_Context, int]:
     found = _Context(*tree.nearest(ids, causing, module, frame, grad, cast_op))
     # What lies above the Python code (a range such as a step's) or above the backward node
     # (the Python code that called backward()) is context, not cause.
-    depth = np.append(tree.depth, -1)
+    depth = np.append(tree.depth, tree.depth.dtype.type(-1))
     found.op[depth[found.op] < np.maximum(depth[found.module], depth[found.frame])] = -1
     for above in (found.module, found.frame):
         above[depth[above] < depth[found.grad]] = -1
@@ -994,12 +996,13 @@ def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
     and CPU events that launched no GPU work (a CPU event that did is left to its kernels)."""
     kinds = list(FUSED_KINDS)
     kind_of = [kinds.index(k) if (k := fused_kind(n)) else -1 for n in tree.trace.name.values]
-    kind = np.array(kind_of, dtype=np.int64)[tree.trace.name.codes]
+    kind = np.array(kind_of, dtype=np.int8)[tree.trace.name.codes]
     frames = tree.in_category(lambda c: c == PYTHON or c in RUNTIME_CATEGORIES)
     candidate = (kind >= 0) & ~frames
-    candidate[candidate] = tree.gpu_work[candidate] | (tree.gpu_us[candidate] == 0)
+    if candidate.any():
+        candidate[candidate] = tree.gpu_work[candidate] | (tree.gpu_us[candidate] == 0)
     ids = tree.order[candidate[tree.order]]
-    return ids, kind[ids]
+    return ids, kind[ids].astype(np.int64)
 
 
 @paused_gc()

@@ -44,7 +44,7 @@ import numpy as np
 
 from mpguide import MPGuideError, error_line
 from mpguide.traces import calltree
-from mpguide.traces.columns import Args, Coded, Flows, codes, matching, merged
+from mpguide.traces.columns import CODE, Args, Coded, Flows, codes, matching, merged
 
 
 class Event(msgspec.Struct, gc=False):
@@ -66,6 +66,8 @@ class _File(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
+_NO_ARGS = _DECODER.decode(b'[{"ph":"X"}]')[0].args
+"""The ``args`` an event without them decodes to: one object that all of them share."""
 FLOW = "ac2g"
 PARALLEL_BYTES = 64 << 20
 """Plain traces at least this large are decoded in two processes."""
@@ -119,42 +121,65 @@ def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) 
     on_complete = np.flatnonzero(of_complete).tolist()
     coded = []
     for values in (name, cat, pid, tid):
-        code = np.zeros(len(kinds), dtype=np.int64)
+        code = np.zeros(len(kinds), dtype=CODE)
         code[on_complete], distinct = codes(map(values.__getitem__, on_complete), len(on_complete))
         coded.append(Coded(code[kind], distinct))
+    del kind
     ts, dur = (np.fromiter(map(attrgetter(f), events), float, n) for f in ("ts", "dur"))
     kept = None if args_of is None else _keeps_args(coded[0], coded[1], args_of)
     raws = list(map(attrgetter("args"), events if kept is None else compress(events, kept)))
-    lengths = np.zeros(n, dtype=np.int64)
-    lengths[slice(None) if kept is None else kept] = np.fromiter(
-        map(len, raws), np.int64, len(raws)
-    )
-    args = Args((b"".join(raws),), np.zeros(1, np.int64), np.cumsum(lengths), kept)
+    del events
+    has = np.fromiter(map(is_not, raws, repeat(_NO_ARGS)), bool, len(raws))
+    stored = np.arange(n) if kept is None else np.flatnonzero(kept)
+    if not has.all():
+        raws, stored = list(compress(raws, has.tolist())), stored[has]
+    ends = np.cumsum(np.fromiter(map(len, raws), np.int64, len(raws)))
+    dense = len(stored) == n
+    args = Args((b"".join(raws),), np.zeros(1, np.int64), ends, kept, None if dense else stored)
     return Trace(*coded, ts, dur, args, other, flows, source, replaced)
 
 
 def _joined(parts: list[Trace], source: str) -> Trace:
-    """One trace of the events of ``parts``, in order."""
+    """One trace of the events of ``parts``, in order; ``parts`` is emptied as its columns
+    are joined, so that memory holds each column once and one column's copy."""
+    sizes = [len(p) for p in parts]
+    firsts = np.cumsum([0, *sizes])[:-1].tolist()
     base = np.cumsum([0, *(sum(map(len, p.args.blobs)) for p in parts)])[:-1].tolist()
-    kept = [p.args.kept for p in parts]
+    args = [p.args for p in parts]
+    other = dict(sum((Counter(p.other) for p in parts), Counter()))
+    flows = Flows(
+        np.concatenate([p.flows.start for p in parts]),
+        *(merged([getattr(p.flows, f) for p in parts]) for f in ("key", "pid", "tid")),
+        np.concatenate([p.flows.ts for p in parts]),
+    )
+    replaced = sum(p.replaced for p in parts)
+    columns = {
+        f: [getattr(p, f) for p in parts] for f in ("name", "cat", "pid", "tid", "ts", "dur")
+    }
+    parts.clear()
+    joined = {f: merged(columns.pop(f)) for f in ("name", "cat", "pid", "tid")}
+    for f in ("ts", "dur"):
+        joined[f] = np.concatenate(columns[f])
+        del columns[f]
+    dense = all(a.stored is None for a in args)
+    stored = None
+    if not dense:
+        stored = np.concatenate(
+            [
+                (np.arange(size) if a.stored is None else a.stored) + first
+                for a, size, first in zip(args, sizes, firsts, strict=True)
+            ]
+        )
+    kept = None if args[0].kept is None else np.concatenate([a.kept for a in args])
+    joined_args = Args(
+        sum((a.blobs for a in args), ()),
+        np.concatenate([a.offsets + b for a, b in zip(args, base, strict=True)]),
+        np.concatenate([a.ends + b for a, b in zip(args, base, strict=True)]),
+        kept,
+        stored,
+    )
     return Trace(
-        *(merged([getattr(p, f) for p in parts]) for f in ("name", "cat", "pid", "tid")),
-        ts=np.concatenate([p.ts for p in parts]),
-        dur=np.concatenate([p.dur for p in parts]),
-        args=Args(
-            sum((p.args.blobs for p in parts), ()),
-            np.concatenate([p.args.offsets + b for p, b in zip(parts, base, strict=True)]),
-            np.concatenate([p.args.ends + b for p, b in zip(parts, base, strict=True)]),
-            None if kept[0] is None else np.concatenate(kept),
-        ),
-        other=dict(sum((Counter(p.other) for p in parts), Counter())),
-        flows=Flows(
-            np.concatenate([p.flows.start for p in parts]),
-            *(merged([getattr(p.flows, f) for p in parts]) for f in ("key", "pid", "tid")),
-            np.concatenate([p.flows.ts for p in parts]),
-        ),
-        source=source,
-        replaced=sum(p.replaced for p in parts),
+        **joined, args=joined_args, other=other, flows=flows, source=source, replaced=replaced
     )
 
 
