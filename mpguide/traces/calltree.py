@@ -324,10 +324,17 @@ class Tree:
     def _children(self) -> tuple[np.ndarray, np.ndarray]:
         """Children in time order as CSR: ``ids[offsets[p]:offsets[p + 1]]``."""
         kids = self.order[self.parent[self.order] >= 0]
-        by_parent = kids[np.argsort(self.parent[kids], kind="stable")]
-        counts = np.bincount(self.parent[by_parent], minlength=len(self.parent))
-        offsets = np.concatenate(([0], np.cumsum(counts)))
-        return by_parent, offsets
+        parents = self.parent[kids]
+        if not _ascending(parents):
+            by_parent = np.argsort(parents, kind="stable")
+            kids, parents = kids[by_parent], parents[by_parent]
+            del by_parent
+        n = len(self.parent)
+        offsets = np.empty(n + 1, dtype=self.parent.dtype)
+        for lo in range(0, n + 1, _CHUNK):  # where each node's children start
+            wanted = np.arange(lo, min(lo + _CHUNK, n + 1))
+            offsets[lo : lo + len(wanted)] = np.searchsorted(parents, wanted)
+        return kids, offsets
 
     def children_ids(self, i: int) -> list[int]:
         ids, offsets = self._children
@@ -512,8 +519,12 @@ class Tree:
         self, root: Node | Sequence[Node] | None = None, *, depth: int | None = None, gpu=False
     ) -> int:
         """How many nodes :meth:`lines` shows without a limit (those in chains included)."""
-        ids, offsets = self._children
         visible = self._visible(gpu)
+        if root is None and depth is None:
+            under = (self.parent >= 0) & visible
+            if not (~visible[self.parent[under]]).any():  # every shown node is reached
+                return int(visible.sum())
+        ids, offsets = self._children
         groups = self._groups(root, gpu)
         frontier = np.concatenate([g for _, g in groups]) if groups else np.zeros(0, np.int64)
         total, level = len(frontier), 0
@@ -557,6 +568,27 @@ class Tree:
             found = ids[offsets[i] : offsets[i + 1]]
             return found[visible[found]].tolist()
 
+        starts, kid, shown = memoryview(offsets), memoryview(ids), memoryview(visible)
+
+        def chain(below: list[int], level: int) -> tuple[int, int, int]:
+            """The chain of nodes of one child each that starts at a node's only child
+            ``below``, down to the first node with no child or several, within ``depth``:
+            its first and last node and its length (0 for none). A chain as deep as the
+            trace is walked without a list of its nodes."""
+            if len(below) != 1:
+                return -1, -1, 0
+            last, n = below[0], 1
+            while depth is None or level + n < depth:
+                a, b = starts[last], starts[last + 1]
+                if b - a == 1 and shown[kid[a]]:
+                    last, n = kid[a], n + 1
+                    continue
+                after = kids(last) if b - a > 1 else []
+                if len(after) != 1:
+                    break
+                last, n = after[0], n + 1
+            return below[0], last, n
+
         def before(guides: str, drawn_level: int, last: bool) -> str:
             hidden = f"[+{drawn_level - INDENT}] " if drawn_level > INDENT else ""
             return hidden + guides + ("└── " if last else "├── ")
@@ -574,12 +606,12 @@ class Tree:
                         continue
                     below = kids(i)
                     inner = (guides + ("    " if last else "│   "))[-4 * INDENT :]
-                    chain = _chain(below, kids, level, depth) if collapse else []
-                    if len(chain) > CHAIN:
-                        yield "", chain[0], before(inner, drawn_level + 1, True), level + 1, 0
+                    top, bottom, n = chain(below, level) if collapse else (-1, -1, 0)
+                    if n > CHAIN:
+                        yield "", top, before(inner, drawn_level + 1, True), level + 1, 0
                         inner = (inner + "    ")[-4 * INDENT :]
-                        yield "", -1, before(inner, drawn_level + 2, False), -1, len(chain) - 2
-                        stack.append((chain[-1], inner, True, level + len(chain), drawn_level + 2))
+                        yield "", -1, before(inner, drawn_level + 2, False), -1, n - 2
+                        stack.append((bottom, inner, True, level + n, drawn_level + 2))
                         continue
                     stack.extend(
                         (c, inner, j == len(below) - 1, level + 1, drawn_level + 1)
@@ -596,20 +628,6 @@ class Tree:
 
     def _repr_html_(self) -> str:
         return f"<p>{escape(repr(self))}</p>"
-
-
-def _chain(below: list[int], kids: Callable[[int], list[int]], level: int, depth) -> list[int]:
-    """The chain of nodes of one child each that starts at a node's only child ``below``,
-    down to the first node with no child or several, within ``depth``; [] for none."""
-    if len(below) != 1:
-        return []
-    chain = below[:]
-    while depth is None or level + len(chain) < depth:
-        after = kids(chain[-1])
-        if len(after) != 1:
-            break
-        chain.append(after[0])
-    return chain
 
 
 def _fields(node: Node, names: Sequence[str]) -> dict[str, Any]:
@@ -887,6 +905,14 @@ _CHUNK = 1 << 18
 beyond the tree."""
 
 
+def _ascending(values: np.ndarray) -> bool:
+    """Whether ``values`` never fall, checked a chunk at a time."""
+    return all(
+        not (np.diff(values[lo : lo + _CHUNK + 1]) < 0).any()
+        for lo in range(0, len(values), _CHUNK)
+    )
+
+
 def _index_type(n: int) -> type:
     """The smallest integer type that holds an event's id and -1."""
     return np.int32 if n < 2**31 else np.int64
@@ -997,8 +1023,9 @@ class _Stack:
 def _matches_start(ids, trace, base, lo: int, hi: int, ends, starts, past: int) -> int:
     """How many of ``ends`` (nanoseconds) are the start of one of the thread's events
     ``ids[lo:hi]``, whose starts ascend: ``starts`` are those of ``ids[lo:past]``."""
-    found = np.isin(ends, starts) if len(starts) else np.zeros(len(ends), bool)
-    rest = ends[~found & (ends > (starts[-1] if len(starts) else -(2**63)))]
+    at = np.minimum(np.searchsorted(starts, ends), len(starts) - 1)
+    found = starts[at] == ends
+    rest = ends[~found & (ends > starts[-1])]
     if len(rest) and past < hi:
         last = _spans(trace, ids[hi - 1 : hi], base)[0][0]
         rest = rest[rest <= last]

@@ -520,7 +520,7 @@ def _events_in(trace: Trace) -> Trace:
     return trace
 
 
-BYTES_PER_EVENT = 256
+BYTES_PER_EVENT = 64
 """The most memory that reading a trace, nesting its tree and reporting its casts take per
 event, in bytes, measured on traces of tiny events (docs/cli.md; a profiler's events, with
 their args, take more bytes of file each and about as much memory)."""
