@@ -43,6 +43,7 @@ import numpy as np
 
 from mpguide import MPGuideError
 from mpguide.core.table import escape_controls, shortened
+from mpguide.core.units import duration_text
 from mpguide.traces.columns import Args, Coded, Flows, codes, matching
 
 
@@ -69,6 +70,8 @@ class Events(Protocol):
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
 PYTHON, ANNOTATION = "python_function", "user_annotation"
+STEP_MARK = "ProfilerStep#"
+"""How ``torch.profiler.profile.step()`` names the ``user_annotation`` range of a step."""
 MODULE_MARK = "nn.Module: "
 """How ``with_modules``/``with_stack`` traces name the ``python_function`` range of a module's
 call: ``nn.Module: Qwen2RMSNorm_3`` (the class, then the instance's number)."""
@@ -360,6 +363,17 @@ class Tree:
         """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
         return matching(self.trace.name, predicate)
 
+    def step_mask(self) -> np.ndarray:
+        """Mask of the profiled steps in the tree: the ``ProfilerStep#N`` ranges."""
+        steps = self.in_category(ANNOTATION.__eq__) & self.included
+        steps &= self.named(lambda n: n.startswith(STEP_MARK))
+        return steps
+
+    def steps(self) -> list[Node]:
+        """The profiled steps (``ProfilerStep#N`` ranges), thread by thread in time order."""
+        mask = self.step_mask()
+        return [Node(self, i) for i in self.order[mask[self.order]].tolist()]
+
     def in_category(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose category satisfies ``predicate`` (asked once per category)."""
         return matching(self.trace.cat, predicate)
@@ -647,18 +661,6 @@ class Drawn:
 
     nodes: int = 0
     chained: int = 0
-
-
-def duration_text(us: float) -> str:
-    """A duration in microseconds as a person reads it: ``850 ns``, ``12.3 µs``, ``4.56 ms``,
-    ``1.2 s``, ``1,234 s``."""
-    if not math.isfinite(us):
-        return "? µs"
-    for scale, unit in ((1e6, "s"), (1e3, "ms"), (1.0, "µs")):
-        if abs(us) >= scale:
-            value = us / scale
-            return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
-    return f"{us * 1000:.3g} ns"
 
 
 def _compact(value: Any) -> str:

@@ -38,8 +38,8 @@ import numpy as np
 
 from mpguide import MPGuideError
 from mpguide.core.table import Table
+from mpguide.core.units import duration_text
 from mpguide.traces.calltree import (
-    ANNOTATION,
     MODULE_MARK,
     PYTHON,
     RUNTIME_CATEGORIES,
@@ -54,7 +54,6 @@ from mpguide.traces.trace import paused_gc
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 BACKWARD_MARK = "autograd::engine::evaluate_function"
 TO_COPY_BACKWARD = f"{BACKWARD_MARK}: ToCopyBackward"
-STEP_MARK = "ProfilerStep#"
 TOP_LEVEL = "(top level)"
 NO_MODULE = "(no module)"
 NO_LAUNCH = "(launch not in the trace)"
@@ -149,8 +148,6 @@ SUMMARY_KEYS = {
     "direction": ("direction",),
     "pass": ("pass",),
 }
-VIEWS = ("cast", *SUMMARY_KEYS, "fused")
-"""What :meth:`CastReport.table` can show: one row per cast, a summary, the fused casts."""
 
 
 def dtype_of(type_name: str) -> str:
@@ -345,17 +342,6 @@ _SHORT = {
 def pair_label(source: str, target: str) -> str:
     """``('float32', 'bfloat16')`` -> ``'f32->bf16'``: a dtype direction in short names."""
     return f"{_SHORT.get(source, source)}->{_SHORT.get(target, target)}"
-
-
-def duration_text(us: float | None) -> str | None:
-    """A time as a person reads it: ``'20.14 ms'``, ``'60.9 µs'``, ``'1.20 s'``."""
-    if us is None:
-        return None
-    if us >= 1e6:
-        return f"{us / 1e6:.2f} s"
-    if us >= 1e3:
-        return f"{us / 1e3:.2f} ms"
-    return f"{us:.1f} µs"
 
 
 def percent_text(share: float | None) -> str | None:
@@ -593,6 +579,19 @@ class CastReport:
         )
         n = numel[self.shape]
         return n * size_in[self.pair], n * size_out[self.pair]
+
+    def share_of_steps(self, gpu: bool) -> tuple[float, float, float]:
+        """The casts' time, the profiled steps' time and the first over the second: with
+        ``gpu``, the casts' kernel time over the kernel time launched in the steps, else
+        their CPU time over the steps' duration (the ``ProfilerStep#N`` ranges).
+        MPGuideError when the trace has no step, or no kernel in it for ``gpu``."""
+        steps = self.step_gpu_us if gpu else self.step_us
+        if not steps:
+            where = self.source or "trace"
+            lacks = "kernel time in a ProfilerStep#N range" if gpu else "ProfilerStep#N range"
+            raise MPGuideError(f"{where}: no {lacks}, so no share of the step")
+        cast_us = float((self.gpu_us if gpu else self.cpu_us).sum())
+        return cast_us, steps, cast_us / steps
 
     def _share(self, cpu: list[float]) -> list[float | None]:
         if self.step_us is None:
@@ -866,15 +865,10 @@ def _cast_args(decoder: msgspec.json.Decoder, raw: bytes, source: str):
         ) from None
 
 
-def _steps(tree: Tree) -> np.ndarray:
-    """Mask of the ``ProfilerStep#N`` ranges."""
-    return tree.in_category(ANNOTATION.__eq__) & tree.named(lambda n: n.startswith(STEP_MARK))
-
-
 def _steps_gpu_us(tree: Tree) -> float | None:
     """The time of the GPU work launched in the profiled steps, None without steps or GPU
     work linked to them."""
-    steps = _steps(tree) & tree.included
+    steps = tree.step_mask()
     if not (steps.any() and tree.gpu_work.any()):
         return None
     return sum(tree.gpu_us[steps].tolist()) or None
@@ -882,7 +876,7 @@ def _steps_gpu_us(tree: Tree) -> float | None:
 
 def _steps_us(tree: Tree) -> float | None:
     """The time of the profiled steps, None without a ``ProfilerStep#N`` range."""
-    steps = _steps(tree) & tree.included
+    steps = tree.step_mask()
     return sum(tree.dur_us[steps].tolist()) if steps.any() else None
 
 
@@ -915,7 +909,7 @@ def _contexts(tree: Tree, ids: np.ndarray) -> tuple[_Context, int]:
     python = tree.in_category(PYTHON.__eq__)
     cast_op = tree.named(CAST_OPS.__contains__)
     not_work = tree.in_category(lambda c: c in RUNTIME_CATEGORIES or c.startswith("gpu_"))
-    causing = ~(cast_op | python | _steps(tree) | not_work)
+    causing = ~(cast_op | python | tree.step_mask() | not_work)
     module = python & tree.named(lambda n: n.startswith(MODULE_MARK))
     frame = python & tree.named(_readers_frame)
     grad = tree.named(lambda n: n.startswith(BACKWARD_MARK))
