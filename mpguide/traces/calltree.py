@@ -351,12 +351,19 @@ class Tree:
         """Each (pid, tid)'s root ids in time order, grouped by array operations."""
         pid, tid = self.trace.pid, self.trace.tid
         ids = self.order[self.parent[self.order] < 0]
+        if not len(ids):
+            return {}
+        if len(pid.values) * len(tid.values) == 1:  # one thread: nothing to group
+            return {(pid.values[0], tid.values[0]): ids}
         thread = pid.codes[ids] * np.int64(max(len(tid.values), 1)) + tid.codes[ids]
-        _, seen_first = np.unique(thread, return_index=True)
-        by_thread = np.argsort(thread, kind="stable")
-        groups = np.split(ids[by_thread], np.flatnonzero(np.diff(thread[by_thread])) + 1)
-        order = np.argsort(seen_first, kind="stable")  # threads in order of their first root
-        groups = [groups[k] for k in order.tolist()] if len(ids) else []
+        if _ascending(thread):  # as the tree orders them: thread by thread, time in each
+            groups = np.split(ids, np.flatnonzero(np.diff(thread)) + 1)
+        else:
+            _, seen_first = np.unique(thread, return_index=True)
+            by_thread = np.argsort(thread, kind="stable")
+            groups = np.split(ids[by_thread], np.flatnonzero(np.diff(thread[by_thread])) + 1)
+            order = np.argsort(seen_first, kind="stable")  # threads in order of first root
+            groups = [groups[k] for k in order.tolist()]
         return {(pid.value(g[0]), tid.value(g[0])): g for g in groups}
 
     def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
