@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mpguide import MPGuideError
 from mpguide.core import units
-from mpguide.traces import calltree, trace, tracegen
+from mpguide.traces import calltree, nesting, trace, tracegen
 
 DATA = Path(__file__).parent / "data"
 BASE = 4_402_438_546_149.513
@@ -730,8 +730,8 @@ def test_array_nesting_is_the_stack_nesting(spans):
     spans = sorted(spans, key=lambda span: (span[0], -span[1]))
     start = np.array([s for s, _ in spans], dtype=np.int64)
     end = start + np.array([d for _, d in spans], dtype=np.int64)
-    parents, depths, seen = calltree._nest_in_stack(start.tolist(), end.tolist())
-    found = calltree._nest_without_overlaps(start, end)
+    parents, depths, seen = nesting._nest_in_stack(start.tolist(), end.tolist())
+    found = nesting._nest_without_overlaps(start, end)
     if found is None:
         assert seen["overlaps"] > 0
         return
@@ -750,12 +750,12 @@ def test_nesting_a_chunk_at_a_time_is_the_stack_nesting(spans, chunk):
     chunks of a few events it nests as one stack over the whole thread does."""
     events = [op(f"e{k}", BASE + s, d, tid=t) for k, (t, s, d) in enumerate(spans)]
     whole = tree_of(*events)
-    original = calltree._CHUNK
-    calltree._CHUNK = chunk
+    original = nesting._CHUNK
+    nesting._CHUNK = chunk
     try:
         chunked = tree_of(*events)
     finally:
-        calltree._CHUNK = original
+        nesting._CHUNK = original
     assert chunked.parent.tolist() == whole.parent.tolist()
     assert chunked.depth.tolist() == whole.depth.tolist()
     assert chunked.order.tolist() == whole.order.tolist()
@@ -766,7 +766,7 @@ def test_nesting_a_chunk_at_a_time_is_the_stack_nesting(spans, chunk):
         ids.sort(key=lambda k: (spans[k][1], -spans[k][2]))
         start = [spans[k][1] for k in ids]
         end = [spans[k][1] + spans[k][2] for k in ids]
-        parents, depths, counts = calltree._nest_in_stack(start, end)
+        parents, depths, counts = nesting._nest_in_stack(start, end)
         seen += counts
         assert [chunked.parent[k] for k in ids] == [ids[p] if p >= 0 else -1 for p in parents]
         assert [chunked.depth[k] for k in ids] == depths
