@@ -511,7 +511,7 @@ def test_output_in_an_encoding_that_is_not_utf8(tmp_path, encoding):
         proc = plain_process(*command, env={"PYTHONIOENCODING": encoding}, capture_output=True)
         assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()[-3000:]
         outs.append(proc.stdout.decode(encoding))
-    assert outs[0].splitlines()[1] == "`-- aten::to\\u2603  5 us"  # what ASCII carries
+    assert outs[0].splitlines()[1] == "`-- aten::to\\u2603  5.0 us"  # what ASCII carries
     assert (
         outs[0].splitlines()[2]
         == "    `-- aten::copy_  1 us  Input type: ['c10::BFloat16', 'float']"

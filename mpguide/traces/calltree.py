@@ -603,7 +603,8 @@ class Tree:
 
         for title, nodes in self._groups(root, gpu):
             count = len(nodes)
-            for k, first in enumerate(nodes.tolist()):
+            for k in range(count):  # not a list: a trace may have millions of roots
+                first = int(nodes[k])
                 # (id, guides drawn before the branch, last of its siblings, level, drawn level)
                 stack = [(first, "", k == count - 1, 0, 0)]
                 while stack:
