@@ -514,7 +514,7 @@ def test_output_in_an_encoding_that_is_not_utf8(tmp_path, encoding):
     assert outs[0].splitlines()[1] == "`-- aten::to\\u2603  5.0 us"  # what ASCII carries
     assert (
         outs[0].splitlines()[2]
-        == "    `-- aten::copy_  1 us  Input type: ['c10::BFloat16', 'float']"
+        == "    `-- aten::copy_  1.0 us  Input type: ['c10::BFloat16', 'float']"
     )
     assert all("aten::to\\u2603  " in out for out in outs[1:])
 
