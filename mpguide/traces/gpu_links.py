@@ -139,7 +139,7 @@ def _link_gpu(trace: Events, gpu, launch, start, thread, base: int, parent: np.n
     docs); return the mask of linked events, and the number of GPU events whose key
     launches of several processes share, and of those left unlinked."""
     n = len(parent)
-    if not len(gpu):
+    if not (len(gpu) or len(launch)):
         return np.zeros(n, bool), 0, 0
     process, n_proc = trace.pid.codes, np.int64(max(len(trace.pid.values), 1))
     sources = (
