@@ -1,7 +1,7 @@
 """Measure the memory that ``python -m mpguide casts`` and ``tree`` take per event, on traces
 of tiny events (``{"ph":"X","name":"a","ts":N,"dur":1}``, 42 bytes each): the figure that
 :data:`mpguide.traces.trace.BYTES_PER_EVENT` bounds; then a gzip of 55 million of them, read
-to the end under a 4 GiB address-space limit, and refused in seconds under a 2 GiB one.
+to the end under a 4 GiB address-space limit, and refused under a 2 GiB one.
 
 Run ``python benchmarks/tiny_events.py`` (minutes; it writes traces of up to 430 MB to a
 temporary folder and deletes them). Each command runs as a whole process; its peak memory is
