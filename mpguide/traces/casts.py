@@ -219,7 +219,13 @@ def _causes(tree: Tree, ctx: _Context) -> tuple[np.ndarray, list[str], np.ndarra
     """Each cast's cause (index into the labels) and module (index into the classes)."""
     name = tree.trace.name
     parts = [np.where(i >= 0, name.codes[np.maximum(i, 0)], -1) for i in ctx[:3]]
-    keys, key = np.unique(np.stack(parts, axis=1), axis=0, return_inverse=True)
+    base = len(name.values) + 1
+    if base**3 < 2**62:  # the three codes as one integer: unique on rows sorts far slower
+        whole = ((parts[0] + np.int64(1)) * base + parts[1] + 1) * base + parts[2] + 1
+        distinct, key = np.unique(whole, return_inverse=True)
+        keys = np.stack([distinct // base**2, distinct // base % base, distinct % base], 1) - 1
+    else:
+        keys, key = np.unique(np.stack(parts, axis=1), axis=0, return_inverse=True)
     found = [_label(*(None if k < 0 else name.values[k] for k in row)) for row in keys.tolist()]
     key = key.reshape(-1)
     cause, labels = codes((text for text, _ in found), len(found))
