@@ -88,6 +88,10 @@ with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
 msgspec.json.decode(data, type=Document)
 """
 
+# The plain parse: the same, with only the fields the tools read of every event (args, the
+# bulk of a profiler's export, are skipped by the decoder, not kept as raw bytes).
+_PLAIN_PARSE = _PARSE_LIMIT.replace('    args: msgspec.Raw = msgspec.Raw(b"{}")\n', "")
+
 
 # Where casts spends its time: the same steps as ``python -m mpguide casts``, timed one by
 # one in one process (the decode worker included, as in the command), with the decoder and
@@ -160,12 +164,16 @@ COMMANDS = {
     "casts table": ["-m", "mpguide", "casts", "TRACE", "--by", "cast"],
     "tree": ["-m", "mpguide", "tree", "TRACE"],
     "parse limit": ["-c", "PARSE_LIMIT", "TRACE"],
+    "plain parse": ["-c", "PLAIN_PARSE", "TRACE"],
 }
 """What each measured process runs, ``python`` left out; each tool against the last."""
 
 
+REFERENCES = {"PARSE_LIMIT": "<the parse limit>", "PLAIN_PARSE": "<the plain parse>"}
+
+
 def commands(path: Path) -> dict[str, list[str]]:
-    given = {"TRACE": str(path), "PARSE_LIMIT": _PARSE_LIMIT}
+    given = {"TRACE": str(path), "PARSE_LIMIT": _PARSE_LIMIT, "PLAIN_PARSE": _PLAIN_PARSE}
     return {
         name: [sys.executable, "-c", _WRAPPER, *(given.get(a, a) for a in argv)]
         for name, argv in COMMANDS.items()
@@ -250,12 +258,14 @@ def measure(path: Path, repeat: int) -> dict:
         name: {key: spread([x[key] for x in got]) for key in got[0]} for name, got in runs.items()
     }
     out["load_average"] = spread(load)
-    limit = runs["parse limit"]
-    for name in TOOLS:
-        out[name]["ratio"] = {
-            key: spread([a[key] / b[key] for a, b in zip(runs[name], limit, strict=True)])
-            for key in ("wall_s", "peak_mb")
-        }
+    for reference, key_name in (("parse limit", "ratio"), ("plain parse", "ratio_plain")):
+        for name in TOOLS:
+            out[name][key_name] = {
+                key: spread(
+                    [a[key] / b[key] for a, b in zip(runs[name], runs[reference], strict=True)]
+                )
+                for key in ("wall_s", "peak_mb")
+            }
     return out
 
 
@@ -301,9 +311,7 @@ def provenance(argv: list[str], note: str) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", "benchmarks/trace_casts.py", *argv]),
         "commands": {
-            name: " ".join(
-                ["python", *("<the parse limit>" if a == "PARSE_LIMIT" else a for a in c)]
-            )
+            name: " ".join(["python", *(REFERENCES.get(a, a) for a in c)])
             for name, c in COMMANDS.items()
         },
         "load_average_at_start": os.getloadavg()[0],
@@ -393,13 +401,14 @@ def main(argv: list[str]) -> None:
         )
     for r in record["results"]:
         if (r["cpu_op_events"], r["layers"], r["compressed"]) == (GOAL_EVENTS, "none", False):
-            wall, peak = (r["casts"]["ratio"][k]["median"] for k in ("wall_s", "peak_mb"))
-            met = wall <= GOAL_WALL and peak <= GOAL_PEAK
-            print(
-                f"goal (the casts summary within {GOAL_WALL}x the parse limit's wall time and "
-                f"{GOAL_PEAK}x its peak on {GOAL_EVENTS:,} cpu_ops): "
-                f"{'met' if met else 'not met'} ({wall:.2f}x, {peak:.2f}x)"
-            )
+            for key, what in (("ratio_plain", "plain parse"), ("ratio", "parse limit")):
+                wall, peak = (r["casts"][key][k]["median"] for k in ("wall_s", "peak_mb"))
+                met = wall <= GOAL_WALL and peak <= GOAL_PEAK
+                print(
+                    f"goal (the casts summary within {GOAL_WALL}x the {what}'s wall time and "
+                    f"{GOAL_PEAK}x its peak on {GOAL_EVENTS:,} cpu_ops): "
+                    f"{'met' if met else 'not met'} ({wall:.2f}x, {peak:.2f}x)"
+                )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -243,3 +243,61 @@ def test_the_two_process_decode_keeps_the_contract(tmp_path_factory, listed, cut
         check_contract(["casts", str(path), "--format", "json"], str(tmp))
     finally:
         tempfile.tempdir, trace.PARALLEL_BYTES = before, threshold
+
+
+def independent_casts(events: list[dict]) -> int:
+    """How many casts a generated trace holds, counted from the generator's own parent links
+    and the raw args, not from the call tree: the top op of each chain of cast ops, when a
+    ``copy_`` in its chain names two different dtypes."""
+    cast_ops = {"aten::to", "aten::_to_copy", "aten::copy_"}
+    below: dict[int, list[int]] = {}
+    for k, e in enumerate(events):
+        below.setdefault(e["parent"], []).append(k)
+    found = 0
+    for k, e in enumerate(events):
+        up = e["parent"]
+        if e["name"] not in cast_ops or (up >= 0 and events[up]["name"] in cast_ops):
+            continue
+        chain, converts = [k], False
+        while chain:
+            i = chain.pop()
+            types = events[i].get("args", {}).get("Input type", [])
+            converts |= events[i]["name"] == "aten::copy_" and len(set(types[:2])) == 2
+            chain += [j for j in below.get(i, []) if events[j]["name"] in cast_ops]
+        found += converts
+    return found
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 400), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 99))
+def test_the_casts_found_are_the_casts_generated(tmp_path_factory, ops, python, gpu, threads, seed):
+    from mpguide.traces import casts, tracegen
+
+    generated = list(tracegen.generate(ops, python=python, gpu=gpu, threads=threads, seed=seed))
+    want = independent_casts(generated)
+    folder = tmp_path_factory.mktemp("fuzz")
+    path = folder / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [tracegen._json(e) for e in generated]}))
+    assert want > 0 and len(casts.report(trace.load(path).tree(python=True))) == want
+    tmp = folder / "tmp"
+    tmp.mkdir()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert (
+            main(
+                [
+                    "casts",
+                    str(path),
+                    "--by",
+                    "cast",
+                    "--scalars",
+                    "--limit",
+                    "0",
+                    "--format",
+                    "json",
+                ]
+            )
+            == 0
+        )
+    assert len(json.loads(out.getvalue())["rows"]) == want
+    check_contract(["casts", str(path), "--format", "json"], str(tmp))

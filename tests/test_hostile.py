@@ -21,7 +21,7 @@ import pytest
 from helpers import ROOT
 
 from mpguide.cli import main
-from mpguide.traces import calltree, tracegen
+from mpguide.traces import calltree, trace, tracegen
 
 MiB = 1 << 20
 TINY = b'{"ph":"X","name":"a","ts":1,"dur":1},'
@@ -521,10 +521,10 @@ def test_output_in_an_encoding_that_is_not_utf8(tmp_path, encoding):
         proc = plain_process(*command, env={"PYTHONIOENCODING": encoding}, capture_output=True)
         assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()[-3000:]
         outs.append(proc.stdout.decode(encoding))
-    assert outs[0].splitlines()[1] == "`-- aten::to\\u2603  5 us"  # what ASCII carries
+    assert outs[0].splitlines()[1] == "`-- aten::to\\u2603  5.0 us"  # what ASCII carries
     assert (
         outs[0].splitlines()[2]
-        == "    `-- aten::copy_  1 us  Input type: ['c10::BFloat16', 'float']"
+        == "    `-- aten::copy_  1.0 us  Input type: ['c10::BFloat16', 'float']"
     )
     assert all("aten::to\\u2603  " in out for out in outs[1:])
 
@@ -706,12 +706,15 @@ def test_many_tiny_events_under_the_byte_cap_are_refused_in_seconds(tmp_path):
     for command in ("casts", "tree"):
         proc = capped(tmp_path, command, str(bomb), "--limit", "10", mem_mb=1024)
         err = refused(proc, "events (projected from the first", "would need about", "ulimit -v")
-        assert "256 bytes an event" in err and proc.seconds < 30
+        assert f"{trace.BYTES_PER_EVENT} bytes an event" in err and proc.seconds < 30
     plain = tmp_path / "tiny.json"  # 2.7 million events in 100 MiB, counted before decoding
     plain.write_bytes(b"[" + events * 100 + b'{"ph":"X"}]')
-    proc = capped(tmp_path, "casts", str(plain), mem_mb=512)
+    proc = capped(tmp_path, "casts", str(plain), mem_mb=300)
     refused(proc, "about 2,", "events would need about")
     assert proc.seconds < 30
+    for command in ("casts", "tree"):  # and read to the end where the estimate fits
+        proc = capped(tmp_path, command, str(plain), "--limit", "10", mem_mb=768)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     small = tmp_path / "small.json.gz"  # 110,000 events fit in 512 MiB
     small.write_bytes(gzip_members((b"[", 1), (events, 4), (b'{"ph":"X"}]', 1)))
     proc = capped(tmp_path, "casts", str(small), mem_mb=512)

@@ -2,6 +2,7 @@ import gzip
 import io
 import json
 import math
+from collections import Counter
 from operator import attrgetter
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpguide import MPGuideError
-from mpguide.traces import calltree, trace, tracegen
+from mpguide.core import units
+from mpguide.traces import calltree, nesting, trace, tracegen
 
 DATA = Path(__file__).parent / "data"
 BASE = 4_402_438_546_149.513
@@ -632,10 +634,10 @@ def test_render_fields_and_depth():
     )
     text = tree.render(depth=1)
     assert (
-        "└── aten::matmul  10 µs  Input Dims: [[2048, 1024], [1024, 4096]]  "
+        "└── aten::matmul  10.0 µs  Input Dims: [[2048, 1024], [1024, 4096]]  "
         "Input type: ['c10::BFloat16', 'float']"
     ) in text
-    assert "    └── aten::to  2 µs" in text and "_to_copy" not in text
+    assert "    └── aten::to  2.0 µs" in text and "_to_copy" not in text
     assert "Input Dims" not in tree.render(fields=["Input type"])
     html = tree.html(tree.node(0))
     assert html.startswith('<pre class="mpguide-tree">') and "&#x27;float&#x27;" in html
@@ -643,11 +645,11 @@ def test_render_fields_and_depth():
 
 @pytest.mark.parametrize(
     ("us", "text"),
-    [(0.25, "250 ns"), (12.34, "12.3 µs"), (999.0, "999 µs"), (4560.0, "4.56 ms"),
-     (1.2e6, "1.2 s"), (1.234e9, "1,234 s"), (math.nan, "? µs")],
+    [(0.25, "250 ns"), (12.34, "12.3 µs"), (999.0, "999.0 µs"), (4560.0, "4.56 ms"),
+     (1.2e6, "1.20 s"), (1.234e9, "1,234 s"), (math.nan, "? µs"), (None, None)],
 )  # fmt: skip
 def test_durations_read_in_units(us, text):
-    assert calltree.duration_text(us) == text
+    assert units.duration_text(us) == text
 
 
 def test_indentation_is_bounded_and_chains_collapse():
@@ -656,17 +658,17 @@ def test_indentation_is_bounded_and_chains_collapse():
     tree = tree_of(*chain, op("b", BASE + 41, 1.0), op("c", BASE + 43, 1.0))
     drawn = calltree.Drawn()
     lines = list(tree.lines(fields=[], drawn=drawn))
-    assert lines[1].startswith("└── a") and lines[2] == "    └── a  198 µs"
+    assert lines[1].startswith("└── a") and lines[2] == "    └── a  198.0 µs"
     assert lines[3] == "        ├── ... 37 nested nodes of one child each"
-    assert lines[4] == "        └── a  122 µs"  # the last of the chain, whose children follow
-    assert lines[5:] == ["            ├── b  1 µs", "            └── c  1 µs"]
+    assert lines[4] == "        └── a  122.0 µs"  # the last of the chain, whose children follow
+    assert lines[5:] == ["            ├── b  1.0 µs", "            └── c  1.0 µs"]
     assert (drawn.nodes, drawn.chained) == (5, 37) and tree.count() == 42
     # without chains (two children each level) the indentation stops at INDENT levels
     wide = [op("a", BASE + 2 * k, 400.0 - 4 * k) for k in range(40)]
     leaves = [op("x", BASE + 2 * k + 1, 0.5) for k in range(40)]
     deep = tree_of(*wide, *leaves)
     widths = [len(line) for line in deep.lines(fields=[])]
-    assert max(widths) < 4 * calltree.INDENT + 20
+    assert max(widths) < 4 * calltree.INDENT + 22
     assert any(line.startswith("[+24] ") for line in deep.lines(fields=[]))
     assert deep.count() == 80 == sum(1 for line in deep.lines(fields=[]) if "── " in line)
 
@@ -729,11 +731,45 @@ def test_array_nesting_is_the_stack_nesting(spans):
     spans = sorted(spans, key=lambda span: (span[0], -span[1]))
     start = np.array([s for s, _ in spans], dtype=np.int64)
     end = start + np.array([d for _, d in spans], dtype=np.int64)
-    parents, depths, seen = calltree._nest_in_stack(start.tolist(), end.tolist())
-    found = calltree._nest_without_overlaps(start, end)
+    parents, depths, seen = nesting._nest_in_stack(start.tolist(), end.tolist())
+    found = nesting._nest_without_overlaps(start, end)
     if found is None:
         assert seen["overlaps"] > 0
         return
     parent, depth, counts = found
     assert parent.tolist() == parents and depth.tolist() == depths
     assert [counts[k] for k in ("touching", "identical")] == [seen["touching"], seen["identical"]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 20), st.integers(0, 6)), max_size=50),
+    st.integers(1, 7),
+)
+def test_nesting_a_chunk_at_a_time_is_the_stack_nesting(spans, chunk):
+    """The tree nests each thread a chunk at a time (item 1 of issue 42: memory); with
+    chunks of a few events it nests as one stack over the whole thread does."""
+    events = [op(f"e{k}", BASE + s, d, tid=t) for k, (t, s, d) in enumerate(spans)]
+    whole = tree_of(*events)
+    original = nesting._CHUNK
+    nesting._CHUNK = chunk
+    try:
+        chunked = tree_of(*events)
+    finally:
+        nesting._CHUNK = original
+    assert chunked.parent.tolist() == whole.parent.tolist()
+    assert chunked.depth.tolist() == whole.depth.tolist()
+    assert chunked.order.tolist() == whole.order.tolist()
+    assert chunked.anomalies == whole.anomalies
+    seen = Counter()
+    for t in (0, 1):  # and as one stack nests each thread's events, sorted
+        ids = [k for k, s in enumerate(spans) if s[0] == t]
+        ids.sort(key=lambda k: (spans[k][1], -spans[k][2]))
+        start = [spans[k][1] for k in ids]
+        end = [spans[k][1] + spans[k][2] for k in ids]
+        parents, depths, counts = nesting._nest_in_stack(start, end)
+        seen += counts
+        assert [chunked.parent[k] for k in ids] == [ids[p] if p >= 0 else -1 for p in parents]
+        assert [chunked.depth[k] for k in ids] == depths
+    for key in ("overlaps", "touching", "identical"):
+        assert getattr(chunked.anomalies, key) == seen[key]

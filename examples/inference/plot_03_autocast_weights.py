@@ -109,7 +109,7 @@ per_call.table()
 # call repeats the same casts before its matmuls.
 from mpguide import plots
 
-steps = calls_tree.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+steps = calls_tree.steps()
 fig = plots.icicle(steps, per_call, scale="ops", title=f"{CALLS} autocast calls on {dev.type}")
 cast_boxes = {p.get_gid() for p in fig.axes[0].patches if p.get_gid() in
               {str(c.id) for c in per_call}}

@@ -102,12 +102,6 @@ print(f"{len(linears)} Linear weights: each cast down in forward and its gradien
 from mpguide import plots
 
 on_gpu = dev.type == "cuda"
-
-
-def cost(c):
-    return c.gpu_us if on_gpu else c.cpu_us
-
-
 fig = plots.cast_costs(report, title=f"Casts of one training step, {device.describe(dev).caption()}")
 assert len(fig.axes[0].get_yticklabels()) == len({c.cause for c in report})
 
@@ -116,13 +110,9 @@ assert len(fig.axes[0].get_yticklabels()) == len({c.cause for c in report})
 # -----------------
 # The step is the ``ProfilerStep#N`` range on the CPU side: on the CPU its duration, on a GPU
 # the kernel time launched inside it.
-(step,) = tree.find(
-    predicate=lambda n: n.cat == "user_annotation" and n.name.startswith("ProfilerStep#")
-)
-step_us = step.gpu_time if on_gpu else step.dur
-cast_us = sum(cost(c) for c in report)
-share = cast_us / step_us
-assert 0 < share < 1
+(step,) = tree.steps()
+cast_us, step_us, share = report.share_of_steps(gpu=on_gpu)
+assert step_us == (step.gpu_time if on_gpu else step.dur) and 0 < share < 1
 print(f"{len(report)} casts took {cast_us:.0f} us of a {step_us:.0f} us step: {share:.1%}")
 
 # %%

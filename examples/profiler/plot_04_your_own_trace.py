@@ -61,7 +61,7 @@ from mpguide.traces import casts, trace
 
 mine = trace.load(path).tree()
 mine_casts = casts.report(mine)
-(profiled_step,) = mine.find(predicate=lambda n: n.name.startswith("ProfilerStep#"))
+(profiled_step,) = mine.steps()
 fig = plots.icicle(profiled_step, mine_casts, scale="ops",
                    title=f"one autocast training step of the model on {dev.type}")
 drawn = {p.get_gid() for p in fig.axes[0].patches}

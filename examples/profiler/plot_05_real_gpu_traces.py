@@ -104,17 +104,16 @@ print(f"{len(norm)} RMSNorm casts of {norm[0].shape} activations, caused by {nor
 
 
 def cost(tree, report, label: str) -> dict:
-    (step,) = tree.find(
-        predicate=lambda n: n.cat == "user_annotation" and n.name.startswith("ProfilerStep#")
-    )
+    (step,) = tree.steps()
     moved = sum(c.bytes_read + c.bytes_written for c in report)
-    gpu_us = float(report.gpu_us.sum())
+    gpu_us, step_us, share = report.share_of_steps(gpu=True)
+    assert step_us == step.gpu_time
     return {
         "recorded on": label,
         "casts": len(report),
         "cast kernel us": round(gpu_us, 1),
-        "step kernel us": round(step.gpu_time, 1),
-        "share": gpu_us / step.gpu_time,
+        "step kernel us": round(step_us, 1),
+        "share": share,
         "GB/s": moved / gpu_us / 1e3,
         "fused us": round(report.fused.total_us, 1),
     }

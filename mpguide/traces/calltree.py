@@ -27,23 +27,37 @@ launch that precedes the GPU event is taken.
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from html import escape
-from itertools import compress, islice, repeat
-from operator import attrgetter, is_not
-from typing import Any, NamedTuple, Protocol
+from itertools import islice, pairwise
+from operator import attrgetter
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
 from mpguide.core.table import escape_controls, shortened
-from mpguide.traces.columns import Args, Coded, Flows, codes, matching
+from mpguide.core.units import duration_text
+from mpguide.traces.columns import Args, Coded, Flows, matching
+from mpguide.traces.gpu_links import _link_gpu
+from mpguide.traces.nesting import (
+    _CHUNK,
+    _absolute_ns,
+    _ascending,
+    _index_type,
+    _Lazy,
+    _nest,
+    _nest_thread,
+    _sort_thread,
+    _sorted_runs,
+    _spans,
+    _where,
+)
 
 
 class Events(Protocol):
@@ -68,7 +82,9 @@ class Events(Protocol):
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
-PYTHON, ANNOTATION, OP = "python_function", "user_annotation", "cpu_op"
+PYTHON, ANNOTATION = "python_function", "user_annotation"
+STEP_MARK = "ProfilerStep#"
+"""How ``torch.profiler.profile.step()`` names the ``user_annotation`` range of a step."""
 MODULE_MARK = "nn.Module: "
 """How ``with_modules``/``with_stack`` traces name the ``python_function`` range of a module's
 call: ``nn.Module: Qwen2RMSNorm_3`` (the class, then the instance's number)."""
@@ -79,13 +95,6 @@ INDENT = 16
 """The most levels a text tree indents; deeper lines say how many more levels they are in."""
 CHAIN = 6
 """The longest chain of nodes of one child each that a text tree draws whole."""
-
-
-class _Link(msgspec.Struct, gc=False):
-    correlation: int | str | None = None
-
-
-_LINKS = msgspec.json.Decoder(list[_Link])
 
 
 class _Autograd(msgspec.Struct, gc=False):
@@ -262,25 +271,6 @@ def _bad_time(trace: Events, i: int) -> MPGuideError:
     return MPGuideError(f"{trace.source or 'trace'}: event {i} ({trace.name.value(i)!r}): {what}")
 
 
-def _absolute_ns(ts: np.ndarray) -> np.ndarray:
-    """Finite microsecond times in integer nanoseconds.
-
-    Exports write microseconds with three decimals, or whole microseconds since the epoch
-    (about 1.7e15). ``ts * 1000`` is not exact in a double at either size: it can round to
-    the wrong nanosecond, or, past 2**53 ns, by hundreds of them, and nest a child past its
-    parent's end. The whole microseconds and the fraction of a double are each exact, so
-    they are converted apart.
-    """
-    whole = np.floor(ts)
-    fraction = ts - whole
-    fraction *= 1000.0
-    ns = whole.astype(np.int64)
-    del whole
-    ns *= 1000
-    ns += np.rint(fraction, out=fraction).astype(np.int64)
-    return ns
-
-
 class Tree:
     """Call trees of a trace (:class:`Events`), one per process and thread, as parent links.
 
@@ -324,10 +314,17 @@ class Tree:
     def _children(self) -> tuple[np.ndarray, np.ndarray]:
         """Children in time order as CSR: ``ids[offsets[p]:offsets[p + 1]]``."""
         kids = self.order[self.parent[self.order] >= 0]
-        by_parent = kids[np.argsort(self.parent[kids], kind="stable")]
-        counts = np.bincount(self.parent[by_parent], minlength=len(self.parent))
-        offsets = np.concatenate(([0], np.cumsum(counts)))
-        return by_parent, offsets
+        parents = self.parent[kids]
+        if not _ascending(parents):
+            by_parent = np.argsort(parents, kind="stable")
+            kids, parents = kids[by_parent], parents[by_parent]
+            del by_parent
+        n = len(self.parent)
+        offsets = np.empty(n + 1, dtype=self.parent.dtype)
+        for lo in range(0, n + 1, _CHUNK):  # where each node's children start
+            wanted = np.arange(lo, min(lo + _CHUNK, n + 1))
+            offsets[lo : lo + len(wanted)] = np.searchsorted(parents, wanted)
+        return kids, offsets
 
     def children_ids(self, i: int) -> list[int]:
         ids, offsets = self._children
@@ -341,17 +338,35 @@ class Tree:
         """Each (pid, tid)'s root ids in time order, grouped by array operations."""
         pid, tid = self.trace.pid, self.trace.tid
         ids = self.order[self.parent[self.order] < 0]
-        thread = pid.codes[ids] * max(len(tid.values), 1) + tid.codes[ids]
-        _, seen_first = np.unique(thread, return_index=True)
-        by_thread = np.argsort(thread, kind="stable")
-        groups = np.split(ids[by_thread], np.flatnonzero(np.diff(thread[by_thread])) + 1)
-        order = np.argsort(seen_first, kind="stable")  # threads in order of their first root
-        groups = [groups[k] for k in order.tolist()] if len(ids) else []
+        if not len(ids):
+            return {}
+        if len(pid.values) * len(tid.values) == 1:  # one thread: nothing to group
+            return {(pid.values[0], tid.values[0]): ids}
+        thread = pid.codes[ids] * np.int64(max(len(tid.values), 1)) + tid.codes[ids]
+        if _ascending(thread):  # as the tree orders them: thread by thread, time in each
+            groups = np.split(ids, np.flatnonzero(np.diff(thread)) + 1)
+        else:
+            _, seen_first = np.unique(thread, return_index=True)
+            by_thread = np.argsort(thread, kind="stable")
+            groups = np.split(ids[by_thread], np.flatnonzero(np.diff(thread[by_thread])) + 1)
+            order = np.argsort(seen_first, kind="stable")  # threads in order of first root
+            groups = [groups[k] for k in order.tolist()]
         return {(pid.value(g[0]), tid.value(g[0])): g for g in groups}
 
     def named(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose name satisfies ``predicate`` (asked once per name)."""
         return matching(self.trace.name, predicate)
+
+    def step_mask(self) -> np.ndarray:
+        """Mask of the profiled steps in the tree: the ``ProfilerStep#N`` ranges."""
+        steps = self.in_category(ANNOTATION.__eq__) & self.included
+        steps &= self.named(lambda n: n.startswith(STEP_MARK))
+        return steps
+
+    def steps(self) -> list[Node]:
+        """The profiled steps (``ProfilerStep#N`` ranges), thread by thread in time order."""
+        mask = self.step_mask()
+        return [Node(self, i) for i in self.order[mask[self.order]].tolist()]
 
     def in_category(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Mask of the events whose category satisfies ``predicate`` (asked once per category)."""
@@ -512,8 +527,12 @@ class Tree:
         self, root: Node | Sequence[Node] | None = None, *, depth: int | None = None, gpu=False
     ) -> int:
         """How many nodes :meth:`lines` shows without a limit (those in chains included)."""
-        ids, offsets = self._children
         visible = self._visible(gpu)
+        if root is None and depth is None:
+            under = (self.parent >= 0) & visible
+            if not (~visible[self.parent[under]]).any():  # every shown node is reached
+                return int(visible.sum())
+        ids, offsets = self._children
         groups = self._groups(root, gpu)
         frontier = np.concatenate([g for _, g in groups]) if groups else np.zeros(0, np.int64)
         total, level = len(frontier), 0
@@ -557,13 +576,35 @@ class Tree:
             found = ids[offsets[i] : offsets[i + 1]]
             return found[visible[found]].tolist()
 
+        starts, kid, shown = memoryview(offsets), memoryview(ids), memoryview(visible)
+
+        def chain(below: list[int], level: int) -> tuple[int, int, int]:
+            """The chain of nodes of one child each that starts at a node's only child
+            ``below``, down to the first node with no child or several, within ``depth``:
+            its first and last node and its length (0 for none). A chain as deep as the
+            trace is walked without a list of its nodes."""
+            if len(below) != 1:
+                return -1, -1, 0
+            last, n = below[0], 1
+            while depth is None or level + n < depth:
+                a, b = starts[last], starts[last + 1]
+                if b - a == 1 and shown[kid[a]]:
+                    last, n = kid[a], n + 1
+                    continue
+                after = kids(last) if b - a > 1 else []
+                if len(after) != 1:
+                    break
+                last, n = after[0], n + 1
+            return below[0], last, n
+
         def before(guides: str, drawn_level: int, last: bool) -> str:
             hidden = f"[+{drawn_level - INDENT}] " if drawn_level > INDENT else ""
             return hidden + guides + ("└── " if last else "├── ")
 
         for title, nodes in self._groups(root, gpu):
             count = len(nodes)
-            for k, first in enumerate(nodes.tolist()):
+            for k in range(count):  # not a list: a trace may have millions of roots
+                first = int(nodes[k])
                 # (id, guides drawn before the branch, last of its siblings, level, drawn level)
                 stack = [(first, "", k == count - 1, 0, 0)]
                 while stack:
@@ -574,12 +615,12 @@ class Tree:
                         continue
                     below = kids(i)
                     inner = (guides + ("    " if last else "│   "))[-4 * INDENT :]
-                    chain = _chain(below, kids, level, depth) if collapse else []
-                    if len(chain) > CHAIN:
-                        yield "", chain[0], before(inner, drawn_level + 1, True), level + 1, 0
+                    top, bottom, n = chain(below, level) if collapse else (-1, -1, 0)
+                    if n > CHAIN:
+                        yield "", top, before(inner, drawn_level + 1, True), level + 1, 0
                         inner = (inner + "    ")[-4 * INDENT :]
-                        yield "", -1, before(inner, drawn_level + 2, False), -1, len(chain) - 2
-                        stack.append((chain[-1], inner, True, level + len(chain), drawn_level + 2))
+                        yield "", -1, before(inner, drawn_level + 2, False), -1, n - 2
+                        stack.append((bottom, inner, True, level + n, drawn_level + 2))
                         continue
                     stack.extend(
                         (c, inner, j == len(below) - 1, level + 1, drawn_level + 1)
@@ -596,20 +637,6 @@ class Tree:
 
     def _repr_html_(self) -> str:
         return f"<p>{escape(repr(self))}</p>"
-
-
-def _chain(below: list[int], kids: Callable[[int], list[int]], level: int, depth) -> list[int]:
-    """The chain of nodes of one child each that starts at a node's only child ``below``,
-    down to the first node with no child or several, within ``depth``; [] for none."""
-    if len(below) != 1:
-        return []
-    chain = below[:]
-    while depth is None or level + len(chain) < depth:
-        after = kids(chain[-1])
-        if len(after) != 1:
-            break
-        chain.append(after[0])
-    return chain
 
 
 def _fields(node: Node, names: Sequence[str]) -> dict[str, Any]:
@@ -631,274 +658,16 @@ class Drawn:
     chained: int = 0
 
 
-def duration_text(us: float) -> str:
-    """A duration in microseconds as a person reads it: ``850 ns``, ``12.3 µs``, ``4.56 ms``,
-    ``1.2 s``, ``1,234 s``."""
-    if not math.isfinite(us):
-        return "? µs"
-    for scale, unit in ((1e6, "s"), (1e3, "ms"), (1.0, "µs")):
-        if abs(us) >= scale:
-            value = us / scale
-            return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
-    return f"{us * 1000:.3g} ns"
-
-
 def _compact(value: Any) -> str:
     return msgspec.json.encode(value).decode().replace(",", ", ").replace('"', "'")
 
 
-class _Links(NamedTuple):
-    """GPU events and launches, each with a key (a flow id or a correlation id, as codes)."""
-
-    gpu: np.ndarray
-    gpu_key: np.ndarray
-    launch: np.ndarray
-    launch_key: np.ndarray
-
-
-def _correlation_links(trace: Events, gpu: np.ndarray, launch: np.ndarray) -> _Links:
-    """GPU events and launches keyed by the ``correlation`` in their ``args``."""
-    ids = np.concatenate((gpu, launch))
-    try:
-        links = _LINKS.decode(b"[" + b",".join(trace.args.raws(ids)) + b"]")
-    except msgspec.ValidationError as err:
-        where = trace.source or "trace"
-        raise MPGuideError(
-            f"{where}: a launch's or GPU event's args are not usable ({err})"
-        ) from None
-    keys = list(map(attrgetter("correlation"), links))
-    has = np.fromiter(map(is_not, keys, repeat(None)), bool, len(keys))
-    ids, key = ids[has], codes(compress(keys, has), int(has.sum()))[0]
-    on_gpu = np.isin(ids, gpu)
-    return _Links(ids[on_gpu], key[on_gpu], ids[~on_gpu], key[~on_gpu])
-
-
-def _bind(targets: np.ndarray, start: np.ndarray, thread: np.ndarray, at, on) -> np.ndarray:
-    """For each flow end at nanosecond ``at`` on thread ``on``, the first of ``targets`` on
-    that thread starting then, or -1."""
-    order = targets[np.argsort(start[targets], kind="stable")]
-    first = np.searchsorted(start[order], at, side="left")
-    count = np.searchsorted(start[order], at, side="right") - first
-    found = np.full(len(at), -1, dtype=np.int64)
-    one = np.flatnonzero(count == 1)
-    candidate = order[first[one]]
-    found[one] = np.where(thread[candidate] == on[one], candidate, -1)
-    for k in np.flatnonzero(count > 1).tolist():
-        same = [j for j in order[first[k] : first[k] + count[k]].tolist() if thread[j] == on[k]]
-        found[k] = same[0] if same else -1
-    return found
-
-
-def _flow_links(trace: Events, gpu, launch, start, thread, base: int) -> _Links:
-    """GPU events and launches keyed by the ``ac2g`` flows bound to them."""
-    flows = trace.flows
-    pid = {v: k for k, v in enumerate(trace.pid.values)}
-    tid = {v: k for k, v in enumerate(trace.tid.values)}
-    pids = np.array([pid.get(v, -1) for v in flows.pid.values], dtype=np.int64)[flows.pid.codes]
-    tids = np.array([tid.get(v, -1) for v in flows.tid.values], dtype=np.int64)[flows.tid.codes]
-    known = (pids >= 0) & (tids >= 0)
-    at = _absolute_ns(flows.ts) - base
-    on = np.where(known, pids * len(trace.tid.values) + tids, -1)
-    ends = []
-    for targets, side in ((gpu, ~flows.start), (launch, flows.start)):
-        bound = _bind(targets, start, thread, at[side], on[side])
-        ends.append((bound[bound >= 0], flows.key.codes[side][bound >= 0]))
-    (g, g_key), (la, la_key) = ends
-    return _Links(g, g_key, la, la_key)
-
-
-def _resolve(links: _Links, process: np.ndarray, n_proc: int, start: np.ndarray, pairs):
-    """Each GPU event's launch (-1 for none) and whether launches of several processes share
-    its key. A key whose launches are all in one process links there; a shared key links in
-    the GPU event's own process, else in the process ``pairs`` gives for its own. Within the
-    process, the latest launch that starts no later than the GPU event is taken (the first
-    when none does)."""
-    key, gpu = links.gpu_key, links.gpu
-    group = links.launch_key * n_proc + process[links.launch]
-    order = np.lexsort((start[links.launch], group))
-    groups = group[order]
-    present = np.unique(groups)
-    n_keys = max(int(key.max(initial=-1)), int(links.launch_key.max(initial=-1))) + 1
-    spread = np.bincount(present // n_proc, minlength=n_keys)
-    only = np.full(n_keys, -1, dtype=np.int64)
-    alone = spread[present // n_proc] == 1
-    only[present[alone] // n_proc] = present[alone] % n_proc
-    shared = spread[key] > 1
-    target = only[key]
-    for proc in (process[gpu], None if pairs is None else pairs[process[gpu]]):
-        if proc is not None:
-            found = shared & (target < 0) & (proc >= 0) & np.isin(key * n_proc + proc, present)
-            target[found] = proc[found]
-    want = key * n_proc + target
-    first = np.searchsorted(groups, want, side="left")
-    count = np.where(target >= 0, np.searchsorted(groups, want, side="right") - first, 0)
-    parent = np.full(len(gpu), -1, dtype=np.int64)
-    parent[count == 1] = links.launch[order[first[count == 1]]]
-    for i in np.flatnonzero(count > 1).tolist():
-        launches = links.launch[order[first[i] : first[i] + count[i]]]
-        before = int(np.searchsorted(start[launches], start[gpu[i]], side="right"))
-        parent[i] = launches[max(before - 1, 0)]
-    return parent, shared
-
-
-def _pairs(gpu: np.ndarray, parent: np.ndarray, shared: np.ndarray, process, n_proc: int):
-    """The launch process of each GPU process, from its links through unshared keys; -1
-    where there are none, -2 where there are several."""
-    sure = (parent >= 0) & ~shared
-    seen = np.unique(process[gpu[sure]] * n_proc + process[parent[sure]])
-    gpu_proc, launch_proc = seen // n_proc, seen % n_proc
-    counts = np.bincount(gpu_proc, minlength=n_proc)
-    pairs = np.where(counts > 1, -2, -1)
-    single = counts[gpu_proc] == 1
-    pairs[gpu_proc[single]] = launch_proc[single]
-    return pairs
-
-
-def _link_gpu(trace: Events, gpu, launch, start, thread, base: int, parent: np.ndarray):
-    """Parent every GPU event in ``gpu`` to its launch among ``launch`` (see the module
-    docs); return the mask of linked events, and the number of GPU events whose key
-    launches of several processes share, and of those left unlinked."""
-    process, n_proc = trace.pid.codes, max(len(trace.pid.values), 1)
-    sources = (
-        _flow_links(trace, gpu, launch, start, thread, base),
-        _correlation_links(trace, gpu, launch),
-    )
-    found = [_resolve(links, process, n_proc, start, None) for links in sources]
-    pairs = np.full(n_proc, -1, dtype=np.int64)
-    for links, (got, shared) in zip(sources, found, strict=True):
-        learned = _pairs(links.gpu, got, shared, process, n_proc)
-        agree = (learned == -1) | (learned == pairs)
-        pairs = np.where(pairs == -1, learned, np.where(agree, pairs, -2))
-    n = len(parent)
-    link, flow_bound, is_shared = (
-        np.full(n, -1, dtype=np.int64),
-        np.zeros(n, bool),
-        np.zeros(n, bool),
-    )
-    for links, is_flow in zip(sources, (True, False), strict=True):
-        got, shared = _resolve(links, process, n_proc, start, np.maximum(pairs, -1))
-        fill = ~flow_bound[links.gpu]
-        link[links.gpu[fill]] = got[fill]
-        is_shared[links.gpu] |= shared & fill
-        if is_flow:
-            flow_bound[links.gpu[got >= 0]] = True
-    linked = link >= 0
-    parent[linked] = link[linked]
-    return linked, int(is_shared.sum()), int((is_shared & ~linked).sum())
-
-
-def _nest_in_stack(start: list[int], end: list[int]) -> tuple[list[int], list[int], Counter]:
-    """Nest one thread's events, given in (start, longest first) order, with one stack."""
-    parents: list[int] = []
-    depths: list[int] = []
-    seen: Counter = Counter()
-    stack = [(math.inf, -1, -1)]  # (end, start, position) of the open events, above a root guard
-    for k, (s, e) in enumerate(zip(start, end, strict=True)):
-        top = stack[-1]
-        while top[0] <= s:
-            stack.pop()
-            if top[0] == s and top[1] < s:
-                seen["touching"] += 1
-            top = stack[-1]
-        parents.append(top[2])
-        depths.append(len(stack) - 1)
-        if e > top[0]:
-            seen["overlaps"] += 1
-        elif s == top[1] and e == top[0]:
-            seen["identical"] += 1
-        stack.append((e, s, k))
-    return parents, depths, seen
-
-
-def _ranks(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For two ascending arrays, how many of ``second`` are below each of ``first``, and how
-    many of ``first`` are at or below each of ``second``: ``np.searchsorted`` both ways, by
-    one stable sort that merges the two runs."""
-    n = len(first)
-    from_first = np.argsort(np.concatenate((first, second)), kind="stable") < n
-    below = np.flatnonzero(from_first)
-    below -= np.arange(n)
-    at_or_below = np.flatnonzero(~from_first)
-    at_or_below -= np.arange(len(second))
-    return below, at_or_below
-
-
-def _group_ends(start: np.ndarray) -> np.ndarray:
-    """For ascending ``start``, the position after the last of each one's equal values."""
-    change = np.flatnonzero(np.diff(start)) + 1
-    group = np.zeros(len(start), dtype=np.int64)
-    group[change] = 1
-    return np.append(change, len(start))[np.cumsum(group)]
-
-
-def _nest_without_overlaps(
-    start: np.ndarray, end: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, Counter] | None:
-    """What :func:`_nest_in_stack` finds, by array operations, or None if an event overlaps
-    its parent.
-
-    Without overlaps, the stack at event k holds exactly the earlier events that end after
-    ``start[k]``: their count is k's depth, and the parent is the last earlier event one
-    level up.
-    """
-    m = len(start)
-    # Earlier events ended by start[k]: all ends up to it, less the zero-length events at
-    # start[k] sorted after k (they close the group of events with that start).
-    zero_length = np.concatenate(([0], np.cumsum(start == end)))
-    ends = np.sort(end)
-    closer, ended = _ranks(ends, start)
-    # Events of positive length at whose end another starts (a zero-length event's end is
-    # its own start).
-    touching = int((start[np.minimum(closer, m - 1)] == ends).sum()) - int(zero_length[-1])
-    del ends, closer
-    position = np.arange(m)
-    depth = position - ended + zero_length[_group_ends(start)] - zero_length[position]
-    del ended, zero_length
-    # The events sorted by (depth, position) each look for the last event one level up
-    # before them, in that order too (which numpy searches fastest).
-    by_level = np.sort(depth * m + position)
-    del position
-    above = np.empty(m, dtype=np.int64)
-    above[by_level % m] = by_level[np.maximum(np.searchsorted(by_level, by_level - m) - 1, 0)]
-    del by_level
-    nested = depth > 0
-    parent = np.where(nested, above % m, -1)
-    if (above[nested] // m != depth[nested] - 1).any() or (end > end[parent])[nested].any():
-        return None
-    identical = nested & (start == start[parent]) & (end == end[parent])
-    return parent, depth, Counter(touching=touching, identical=int(identical.sum()))
-
-
-def _nest(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, Counter]:
-    """Each event's parent position (-1 for a root) and depth among one thread's events,
-    given in (start, longest first) order, and the counts of overlapping, touching and
-    identical intervals."""
-    found = _nest_without_overlaps(start, end)
-    if found is not None:
-        return found
-    parents, depths, seen = _nest_in_stack(start.tolist(), end.tolist())
-    return np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64), seen
-
-
-def _time_order(
-    ids: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray, thread: np.ndarray
-) -> np.ndarray:
-    """``ids`` sorted by thread, then start, then longest first, then layer, then file order.
-
-    Exports often list each thread's events in time order already: then only threads need
-    sorting.
-    """
-    ids = ids[np.argsort(thread[ids], kind="stable")]
-    first = start[ids]
-    by_length = (first - end[ids]) * 4 + rank[ids]
-    later, shorter, other_thread = np.diff(first), np.diff(by_length), np.diff(thread[ids])
-    if not ((later > 0) | ((later == 0) & (shorter >= 0)) | (other_thread != 0)).all():
-        ids = ids[np.lexsort((by_length, first, thread[ids]))]
-    return ids
-
-
 def build(trace: Events, *, python: bool = False, annotations: bool = True) -> Tree:
-    """Nest a trace's complete events into per-thread call trees (see the module docs)."""
+    """Nest a trace's complete events into per-thread call trees (see the module docs).
+
+    Memory beyond the trace is a few bytes an event (masks, parents, depths, the time
+    order) and the arrays of one chunk of :data:`_CHUNK` events: times in nanoseconds are
+    made a chunk at a time."""
     n = len(trace)
     cat, cats = trace.cat
     left_out = {PYTHON} if not python else set()
@@ -910,23 +679,24 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
     runtime = np.isin(cat, [k for k, c in enumerate(cats) if c in RUNTIME_CATEGORIES])
     rank = np.array([_LAYER_RANK.get(c, 2) for c in cats], dtype=np.int8)[cat]
     timed = ~(np.isnan(trace.ts) | np.isnan(trace.dur))
-    ts, dur = np.where(timed, trace.ts, 0.0), np.where(timed, trace.dur, 0.0)
-    with np.errstate(over="ignore", invalid="ignore"):  # the check is for such times
-        bad = ~((np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US))
-    if bad.any():
-        raise _bad_time(trace, int(np.flatnonzero(bad)[0]))
-    del bad  # memory: the arrays of n events are freed as soon as they are done with
-    start = _absolute_ns(ts)
-    base = int(start[timed].min()) if timed.any() else 0
-    start -= base
-    dur *= 1000.0
-    end = np.rint(dur, out=dur).astype(np.int64)
-    end += start
-    del ts, dur
+    for lo in range(0, n, _CHUNK):
+        ts, dur = trace.ts[lo : lo + _CHUNK], trace.dur[lo : lo + _CHUNK]
+        with np.errstate(over="ignore", invalid="ignore"):  # the check is for such times
+            good = (np.abs(ts) <= MAX_US) & (dur >= 0) & (np.abs(ts + dur) <= MAX_US)
+        bad = ~good & timed[lo : lo + _CHUNK]
+        if bad.any():
+            raise _bad_time(trace, lo + int(np.flatnonzero(bad)[0]))
+    first = float(np.min(trace.ts, where=timed, initial=np.inf))
+    base = int(_absolute_ns(np.array([first]))[0]) if timed.any() else 0
     no_time = int((included & ~timed).sum())
     included &= timed
-    thread = trace.pid.codes * len(trace.tid.values) + trace.tid.codes
-    parent = np.full(n, -1, dtype=np.int64)
+    del timed
+    n_tid = np.int64(max(len(trace.tid.values), 1))
+    pid_codes, tid_codes = trace.pid.codes, trace.tid.codes
+    thread = _Lazy(lambda ids: pid_codes[ids] * n_tid + tid_codes[ids])
+    start = _Lazy(lambda ids: _spans(trace, ids, base)[0])
+    index = _index_type(n)
+    parent = np.full(n, -1, dtype=index)
     linked, shared, ambiguous = _link_gpu(
         trace,
         np.flatnonzero(included & is_gpu),
@@ -936,20 +706,34 @@ def build(trace: Events, *, python: bool = False, annotations: bool = True) -> T
         base,
         parent,
     )
-
-    nested = np.flatnonzero(included & ~linked)
-    nested = _time_order(nested, start, end, rank, thread)
-    del rank
-    depth = np.zeros(n, dtype=np.int64)
+    del runtime
+    nested = _where(included & ~linked, index)
+    if len(trace.pid.values) * len(trace.tid.values) > 1:
+        key = thread[nested]
+        if (np.diff(key) < 0).any():
+            by = np.argsort(key, kind="stable")
+            nested, key = nested[by], key[by]
+            del by
+        bounds = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), len(nested)]
+        del key
+    else:
+        bounds = [0, len(nested)]
+    depth = np.zeros(n, dtype=index)
     seen: Counter = Counter()
-    bounds = np.flatnonzero(np.diff(thread[nested])) + 1
-    for ids in np.split(nested, bounds):
-        par, dep, counts = _nest(start[ids], end[ids])
-        parent[ids] = np.where(par >= 0, ids[par], -1)
-        depth[ids] = dep
+    for lo, hi in pairwise(bounds):
+        if lo == hi:
+            continue
+        if not _sorted_runs(nested, trace, base, rank, lo, hi):
+            _sort_thread(nested, trace, base, rank, lo, hi)
+        counts = _nest_thread(nested, trace, base, lo, hi, parent, depth)
+        if counts is None:  # an overlap: one stack over the whole thread
+            ids = nested[lo:hi]
+            par, dep, counts = _nest(*_spans(trace, ids, base))
+            parent[ids] = np.where(par >= 0, ids[par], -1)
+            depth[ids] = dep
         seen += counts
-    del start, end, thread
-    linked_ids = np.flatnonzero(linked)
+    del rank
+    linked_ids = _where(linked, index)
     depth[linked_ids] = depth[parent[linked_ids]] + 1
     order = np.concatenate((nested, linked_ids))
     anomalies = Anomalies(

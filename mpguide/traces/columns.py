@@ -46,38 +46,67 @@ def matching(coded: tuple[np.ndarray, list], predicate: Callable[[Any], bool]) -
     return np.fromiter(map(predicate, distinct), bool, len(distinct))[codes]
 
 
+CODE = np.int32
+"""The type of a trace's codes: four bytes an event for each coded column."""
+
+
 def merged(columns: list[Coded]) -> Coded:
-    """One column from the pieces' columns, the codes renumbered over all distinct values."""
+    """One column from the pieces' columns, the codes renumbered over all distinct values;
+    ``columns`` is emptied as it is read, so that memory holds each piece's codes or their
+    copy, not both."""
     index = _Index()
-    parts = [
-        np.fromiter(map(index.__getitem__, c.values), np.int64, len(c.values))[c.codes]
-        for c in columns
-    ]
-    return Coded(np.concatenate(parts), list(index))
+    out = np.empty(sum(len(c.codes) for c in columns), dtype=CODE)
+    at = 0
+    while columns:
+        c = columns.pop(0)
+        table = np.fromiter(map(index.__getitem__, c.values), CODE, len(c.values))
+        out[at : at + len(c.codes)] = table[c.codes]
+        at += len(c.codes)
+        del c
+    return Coded(out, list(index))
+
+
+EMPTY = b"{}"
 
 
 @dataclass(frozen=True, eq=False)
 class Args:
-    """Each event's ``args`` as undecoded JSON, cut from a few byte blobs: event ``i`` ends
-    at byte ``ends[i]`` of the blobs laid end to end, blob ``k`` starting at ``offsets[k]``."""
+    """The ``args`` of the events as undecoded JSON, cut from a few byte blobs laid end to
+    end, blob ``k`` starting at byte ``offsets[k]``: the ``i``-th stored ``args`` end at byte
+    ``ends[i]``. Stored are those of the events in ``stored`` (ascending; None: every
+    event's); an event kept but not stored had none, or ``{}``."""
 
     blobs: tuple[bytes, ...]
     offsets: np.ndarray
     ends: np.ndarray
     kept: np.ndarray | None = None
     """Which events' ``args`` were kept (None: all)."""
+    stored: np.ndarray | None = None
 
     def raws(self, ids: np.ndarray) -> list[bytes]:
         """The ``args`` JSON of each event in ``ids``."""
+        ids = np.asarray(ids, dtype=np.int64)
         if self.kept is not None and not self.kept[ids].all():
             i = int(ids[~self.kept[ids]][0])
             raise MPGuideError(f"the args of event {i} were not kept (load with args_of=None)")
-        stop = self.ends[ids]
-        start = np.where(ids > 0, self.ends[ids - 1], 0)
+        if not len(self.ends):
+            return [EMPTY] * len(ids)
+        if self.stored is None:
+            at, present = ids, np.ones(len(ids), dtype=bool)
+        else:
+            at = np.minimum(np.searchsorted(self.stored, ids), len(self.stored) - 1)
+            present = self.stored[at] == ids
+        stop = np.where(present, self.ends[at], 0)
+        start = np.where(present & (at > 0), self.ends[np.maximum(at - 1, 0)], 0)
         blob = np.searchsorted(self.offsets, start, side="right") - 1
         base = self.offsets[blob]
         cuts = zip(blob.tolist(), (start - base).tolist(), (stop - base).tolist(), strict=True)
-        return [self.blobs[k][lo:hi] for k, lo, hi in cuts]
+        found = [self.blobs[k][lo:hi] for k, lo, hi in cuts]
+        return (
+            found
+            if present.all()
+            else [f if p else EMPTY for f, p in zip(found, present.tolist(), strict=True)]
+        )
 
     def raw(self, i: int) -> bytes:
         return self.raws(np.array([i]))[0]

@@ -38,7 +38,6 @@ from typing import Any
 
 from mpguide import MPGuideError, error_line
 from mpguide.core.table import Table
-from mpguide.traces import calltree
 from mpguide.traces import casts as cast_report
 from mpguide.traces import trace as trace_file
 
@@ -242,11 +241,7 @@ def rank_tree(
     rank, origin = rank_of(path)
     loaded = trace_file.load(path, max_bytes=max_bytes)
     tree = loaded.tree(python=python)
-    steps = (
-        tree.named(lambda n: n.startswith(cast_report.STEP_MARK))
-        & tree.in_category(calltree.ANNOTATION.__eq__)
-        & tree.included
-    )
+    steps = tree.step_mask()
     gpu = tree.gpu_work
     named = None if op is None else tree.named(op.__eq__) & tree.included
     return RankTree(

@@ -44,7 +44,17 @@ import numpy as np
 
 from mpguide import MPGuideError, error_line
 from mpguide.traces import calltree
-from mpguide.traces.columns import Args, Coded, Flows, codes, matching, merged
+from mpguide.traces.columns import CODE, Args, Coded, Flows, codes, matching, merged
+from mpguide.traces.memory import (
+    BYTES_PER_EVENT,
+    available_memory,
+    check_memory,
+    count_events,
+    estimated_memory,
+    size_text,
+)
+
+__all__ = ["BYTES_PER_EVENT", "count_events", "estimated_memory", "size_text"]  # re-exported
 
 
 class Event(msgspec.Struct, gc=False):
@@ -66,6 +76,8 @@ class _File(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
+_NO_ARGS = _DECODER.decode(b'[{"ph":"X"}]')[0].args
+"""The ``args`` an event without them decodes to: one object that all of them share."""
 FLOW = "ac2g"
 PARALLEL_BYTES = 64 << 20
 """Plain traces at least this large are decoded in two processes."""
@@ -119,42 +131,65 @@ def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) 
     on_complete = np.flatnonzero(of_complete).tolist()
     coded = []
     for values in (name, cat, pid, tid):
-        code = np.zeros(len(kinds), dtype=np.int64)
+        code = np.zeros(len(kinds), dtype=CODE)
         code[on_complete], distinct = codes(map(values.__getitem__, on_complete), len(on_complete))
         coded.append(Coded(code[kind], distinct))
+    del kind
     ts, dur = (np.fromiter(map(attrgetter(f), events), float, n) for f in ("ts", "dur"))
     kept = None if args_of is None else _keeps_args(coded[0], coded[1], args_of)
     raws = list(map(attrgetter("args"), events if kept is None else compress(events, kept)))
-    lengths = np.zeros(n, dtype=np.int64)
-    lengths[slice(None) if kept is None else kept] = np.fromiter(
-        map(len, raws), np.int64, len(raws)
-    )
-    args = Args((b"".join(raws),), np.zeros(1, np.int64), np.cumsum(lengths), kept)
+    del events
+    has = np.fromiter(map(is_not, raws, repeat(_NO_ARGS)), bool, len(raws))
+    stored = np.arange(n) if kept is None else np.flatnonzero(kept)
+    if not has.all():
+        raws, stored = list(compress(raws, has.tolist())), stored[has]
+    ends = np.cumsum(np.fromiter(map(len, raws), np.int64, len(raws)))
+    dense = len(stored) == n
+    args = Args((b"".join(raws),), np.zeros(1, np.int64), ends, kept, None if dense else stored)
     return Trace(*coded, ts, dur, args, other, flows, source, replaced)
 
 
 def _joined(parts: list[Trace], source: str) -> Trace:
-    """One trace of the events of ``parts``, in order."""
+    """One trace of the events of ``parts``, in order; ``parts`` is emptied as its columns
+    are joined, so that memory holds each column once and one column's copy."""
+    sizes = [len(p) for p in parts]
+    firsts = np.cumsum([0, *sizes])[:-1].tolist()
     base = np.cumsum([0, *(sum(map(len, p.args.blobs)) for p in parts)])[:-1].tolist()
-    kept = [p.args.kept for p in parts]
+    args = [p.args for p in parts]
+    other = dict(sum((Counter(p.other) for p in parts), Counter()))
+    flows = Flows(
+        np.concatenate([p.flows.start for p in parts]),
+        *(merged([getattr(p.flows, f) for p in parts]) for f in ("key", "pid", "tid")),
+        np.concatenate([p.flows.ts for p in parts]),
+    )
+    replaced = sum(p.replaced for p in parts)
+    columns = {
+        f: [getattr(p, f) for p in parts] for f in ("name", "cat", "pid", "tid", "ts", "dur")
+    }
+    parts.clear()
+    joined = {f: merged(columns.pop(f)) for f in ("name", "cat", "pid", "tid")}
+    for f in ("ts", "dur"):
+        joined[f] = np.concatenate(columns[f])
+        del columns[f]
+    dense = all(a.stored is None for a in args)
+    stored = None
+    if not dense:
+        stored = np.concatenate(
+            [
+                (np.arange(size) if a.stored is None else a.stored) + first
+                for a, size, first in zip(args, sizes, firsts, strict=True)
+            ]
+        )
+    kept = None if args[0].kept is None else np.concatenate([a.kept for a in args])
+    joined_args = Args(
+        sum((a.blobs for a in args), ()),
+        np.concatenate([a.offsets + b for a, b in zip(args, base, strict=True)]),
+        np.concatenate([a.ends + b for a, b in zip(args, base, strict=True)]),
+        kept,
+        stored,
+    )
     return Trace(
-        *(merged([getattr(p, f) for p in parts]) for f in ("name", "cat", "pid", "tid")),
-        ts=np.concatenate([p.ts for p in parts]),
-        dur=np.concatenate([p.dur for p in parts]),
-        args=Args(
-            sum((p.args.blobs for p in parts), ()),
-            np.concatenate([p.args.offsets + b for p, b in zip(parts, base, strict=True)]),
-            np.concatenate([p.args.ends + b for p, b in zip(parts, base, strict=True)]),
-            None if kept[0] is None else np.concatenate(kept),
-        ),
-        other=dict(sum((Counter(p.other) for p in parts), Counter())),
-        flows=Flows(
-            np.concatenate([p.flows.start for p in parts]),
-            *(merged([getattr(p.flows, f) for p in parts]) for f in ("key", "pid", "tid")),
-            np.concatenate([p.flows.ts for p in parts]),
-        ),
-        source=source,
-        replaced=sum(p.replaced for p in parts),
+        **joined, args=joined_args, other=other, flows=flows, source=source, replaced=replaced
     )
 
 
@@ -243,14 +278,6 @@ MAX_BYTES = 2 << 30
 """The default cap on a trace's size, decompressed: :func:`load` refuses a larger one."""
 _WHITESPACE = re.compile(rb"[ \t\r\n]*")
 _UTF8_BOM = b"\xef\xbb\xbf"
-
-
-def size_text(n: int) -> str:
-    """``n`` bytes in binary units: ``'2 GiB'``, ``'1.5 MiB'``, ``'900 bytes'``."""
-    for unit, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if n >= unit:
-            return f"{n / unit:.4g} {name}"
-    return f"{n} bytes"
 
 
 def _too_large(where: str, max_bytes: int, size: int | None = None) -> MPGuideError:
@@ -493,83 +520,6 @@ def _events_in(trace: Trace) -> Trace:
             "have no phase (ph), so none is a trace event"
         )
     return trace
-
-
-BYTES_PER_EVENT = 256
-"""The most memory that reading a trace, nesting its tree and reporting its casts take per
-event, in bytes, measured on traces of tiny events (docs/cli.md; a profiler's events, with
-their args, take more bytes of file each and about as much memory)."""
-_BASE_MEMORY = 128 << 20
-"""What reading takes beyond the events: its buffers and one piece being decoded."""
-_SAMPLE = 4 << 20
-
-
-def available_memory() -> tuple[int, str] | None:
-    """How many more bytes this process may take, and what bounds it: the address-space
-    limit (``ulimit -v``) less what the process holds, the memory limit of its cgroup (a
-    container) less what the cgroup uses, or the memory the machine has free, whichever is
-    least; None where none is known."""
-    found = []
-    with suppress(OSError, ValueError, AttributeError):
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY:
-            held = _status_kib("VmSize:") << 10
-            found.append((soft - held, "the address-space limit (ulimit -v) less what is held"))
-    with suppress(OSError, ValueError):
-        cgroup = Path("/sys/fs/cgroup")
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            used = int((cgroup / "memory.current").read_text())
-            found.append((int(limit) - used, "the memory limit of this container less its use"))
-    with suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-        found.append((kib << 10, "the memory this machine has free"))
-    return min(found) if found else None
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field))
-
-
-def count_events(path: Path) -> int:
-    """About how many events the plain trace at ``path`` holds, counted without decoding:
-    the ``"ph"`` keys in three samples, scaled to its size."""
-    key, size = b'"ph"', path.stat().st_size
-    with path.open("rb") as f:
-        if size <= 3 * _SAMPLE:
-            return f.read().count(key)
-        seen = 0
-        for at in (0, size // 2, size - _SAMPLE):
-            f.seek(at)
-            seen += f.read(_SAMPLE).count(key)
-    return seen * size // (3 * _SAMPLE)
-
-
-def estimated_memory(events: int) -> int:
-    """The most memory that reading, nesting and reporting ``events`` events takes."""
-    return _BASE_MEMORY + events * BYTES_PER_EVENT
-
-
-def check_memory(
-    where: str, events: int, found: tuple[int, str] | None = None, how: str = "", margin=1.0
-) -> None:
-    """MPGuideError when ``events`` events (``how`` they were counted) would need more
-    than ``margin`` times the memory this process may take (``found``, else
-    :func:`available_memory`), saying how much and what bounds it."""
-    need = estimated_memory(events)
-    found = found or available_memory()
-    if found is None or need <= margin * found[0]:
-        return
-    may, bound = found
-    raise MPGuideError(
-        f"{where}: about {events:,} events{how} would need about {size_text(need)} of memory "
-        f"({BYTES_PER_EVENT} bytes an event), more than the {size_text(max(may, 0))} this "
-        f"process may take ({bound}); run it where more is free, or raise the limit"
-    )
 
 
 def _pickled(args_of: Callable[[str], bool] | None) -> bytes:
