@@ -3,9 +3,9 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+from helpers import ROOT
 
 _FRESH = """
 import sys, warnings
@@ -20,6 +20,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes
 def test_importing_the_opinfo_samples_leaves_flags_thawed_and_stderr_empty():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(

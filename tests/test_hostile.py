@@ -733,6 +733,7 @@ def test_the_memory_estimate_is_checked_as_a_stream_is_read(monkeypatch, capsys)
     one_line(capsys, "<stream>: about 100,001 events would need", "a test's limit")
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes
 def test_jobs_are_capped_at_the_cores_and_the_memory(tmp_path, monkeypatch, capsys):
     from mpguide.traces import ranks
 

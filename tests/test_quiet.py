@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from mpguide.core import quiet
 
-ROOT = Path(__file__).resolve().parents[1]
 NOISE = ("Failed to load", "register_constant")
 
 
@@ -65,6 +65,7 @@ def with_torchao(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes
 def test_the_cli_importing_a_transformers_model_keeps_torchao_off_stderr(with_torchao):
     run = _run("", with_torchao, "-m", "mpguide", "model", "qwen.py:make", "--format", "json")
     assert run.returncode == 0, run.stderr
@@ -84,6 +85,7 @@ print(repr(page.getvalue()))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes
 def test_a_page_building_a_transformers_model_shows_no_torchao_lines(with_torchao):
     run = _run(PAGE, with_torchao)
     assert run.returncode == 0, run.stderr

@@ -84,6 +84,7 @@ def test_real_trees_against_the_raw_events():
     assert found.table().caption.endswith("read by this process")
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes
 def test_rank_from_the_trace_then_the_name_then_unknown(tmp_path):
     with_info(tmp_path / "rank-9.json", rank=3, ops=60, seed=1)
     tracegen.write(tmp_path / "worker_rank7.json.gz", 120, seed=2)
@@ -131,6 +132,7 @@ def test_bad_directories_and_arguments(tmp_path):
         ranks.trees_of_ranks(tmp_path, scheduler="nowhere")
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes
 def test_a_broken_trace_stops_the_pool_and_is_named(tmp_path):
     for r in range(3):
         tracegen.write(tmp_path / f"rank{r}.json", 60, seed=r)
@@ -139,6 +141,7 @@ def test_a_broken_trace_stops_the_pool_and_is_named(tmp_path):
         ranks.casts_of_ranks(tmp_path, jobs=2)
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes
 def test_cli_on_a_directory(capsys, monkeypatch):
     assert main(["casts", str(RANKS), "--by", "direction", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

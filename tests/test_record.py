@@ -1,10 +1,10 @@
 import json
 import re
-from pathlib import Path
 
 import pytest
 import site_recordings
 import torch
+from helpers import ROOT
 
 from mpguide import MPGuideError
 from mpguide.core import record
@@ -124,7 +124,7 @@ def test_recordings_are_found_through_the_environment(tmp_path, monkeypatch, tin
 
 
 def test_every_key_a_page_shows_is_measured():
-    root = Path(__file__).resolve().parents[1] / "examples"
+    root = ROOT / "examples"
     shown = set()
     for path in root.rglob("plot_*.py"):
         shown |= set(re.findall(r'record\.beside\(\s*"([^"]+)"', path.read_text()))

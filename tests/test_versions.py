@@ -1,8 +1,8 @@
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT
 
 from mpguide.core import dtypes, versions
 
@@ -50,7 +50,7 @@ def test_every_change_happened_inside_the_window_and_says_both_sides():
 
 
 def test_the_package_and_the_readme_state_the_window():
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     oldest, newest = versions.WINDOW
     assert f'dependencies = ["torch>={oldest}",' in (root / "pyproject.toml").read_text()
     assert f"Supported torch: {oldest} to {newest}," in (root / "README.md").read_text()
