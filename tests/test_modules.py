@@ -310,7 +310,7 @@ def test_memory_needed_counts_each_copy_the_report_keeps(monkeypatch):
 
 
 def test_a_cast_is_any_change_of_dtype_in_model_as_in_casts():
-    from mpguide.core import dtypes
+    from mpguide.core import cast_rule
 
     class Positions(nn.Module):
         def forward(self, x):
@@ -319,5 +319,5 @@ def test_a_cast_is_any_change_of_dtype_in_model_as_in_casts():
 
     r = per_module.report(Positions(), torch.randn(2, 4), dtype=torch.float32, device="cpu")
     assert r[""].casts == 1
-    assert dtypes.is_cast(torch.int64, "float32") and dtypes.is_cast("bool", torch.float32)
-    assert not dtypes.is_cast(torch.bfloat16, "bfloat16")
+    assert cast_rule.is_cast(torch.int64, "float32") and cast_rule.is_cast("bool", torch.float32)
+    assert not cast_rule.is_cast(torch.bfloat16, "bfloat16")

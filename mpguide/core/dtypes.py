@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mpguide import MPGuideError
+from mpguide.core.cast_rule import is_cast
 from mpguide.core.table import Table
 
 ALIASES = {
@@ -103,16 +104,6 @@ IGNORED_NAMESPACES = frozenset({"prim", "profiler"})
 """Ops no log records: metadata queries (``prim.device``) and profiler ranges."""
 
 
-def is_cast(source: torch.dtype | str, target: torch.dtype | str) -> bool:
-    """Whether converting ``source`` to ``target`` is a cast, as every command counts one
-    (``model``'s casts, ``casts`` in a trace): the two dtypes differ, whatever their kind.
-    ``int64 -> float32`` and ``bool -> float32`` are casts (a kernel reads one format and
-    writes another); a copy into the same dtype is not. Dtypes or their names (``'float32'``)."""
-    return (name(source) if isinstance(source, torch.dtype) else source) != (
-        name(target) if isinstance(target, torch.dtype) else target
-    )
-
-
 def source_index(op: str) -> int | None:
     """Which tensor argument of conversion ``op`` is converted: the second for ``copy``
     (``copy(dst, src)``), else the first; ``None`` when ``op`` is no conversion."""
@@ -134,7 +125,7 @@ class Call:
 
     @property
     def cast(self) -> tuple[torch.dtype, torch.dtype] | None:
-        """``(source, target)`` when this call is a conversion op that casts (:func:`is_cast`),
+        """``(source, target)`` when this call is a conversion op that casts (:func:`~mpguide.core.cast_rule.is_cast`),
         floating or not."""
         i = source_index(self.op)
         if i is None or self.out is None or len(self.ins) <= i:

@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.core.dtypes import is_cast
+from mpguide.core.cast_rule import is_cast
 from mpguide.traces.calltree import (
     MODULE_MARK,
     PYTHON,
