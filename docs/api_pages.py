@@ -46,12 +46,12 @@ def page(package: str, modules: list[str]) -> str:
     """The reStructuredText of one folder's page."""
     lines = [".. Written by docs/api_pages.py from the package tree: edits are lost.", ""]
     lines += _heading(package, "=")
-    # A package's page shows what its __init__ defines; what it re-exports (its __all__)
-    # is shown once, under the module defining it.
+    # Each page shows what a module defines; what a module re-exports (its __all__: a
+    # package's __init__, or a module split by job) is shown once, under the module defining it.
     lines += [f".. automodule:: {package}", "   :ignore-module-all:", ""]
     for module in modules:
         lines += _heading(module, "-")
-        lines += [f".. automodule:: {module}", ""]
+        lines += [f".. automodule:: {module}", "   :ignore-module-all:", ""]
     return "\n".join(lines)
 
 

@@ -122,7 +122,7 @@ class Row:
 
 
 @dataclass(frozen=True)
-class Report:
+class TargetReport:
     """Every linear layer of a model under one target."""
 
     target: str
@@ -172,7 +172,7 @@ class Report:
         return self.table().to_html()
 
 
-def report(model: torch.nn.Module, inputs: Any, target: str, *, backward: bool = False) -> Report:
+def report(model: torch.nn.Module, inputs: Any, target: str, *, backward: bool = False) -> TargetReport:
     """Each linear layer of ``model`` on ``inputs`` under ``target``."""
     lowbit_errors.check_target(target)
     rows = []
@@ -198,7 +198,7 @@ def report(model: torch.nn.Module, inputs: Any, target: str, *, backward: bool =
                 grad_error=None if qg is None else qg.rel_error,
             )
         )
-    return Report(target, tuple(rows))
+    return TargetReport(target, tuple(rows))
 
 
 def main(args: Any, factory: Any, readers_code: Any) -> str:
