@@ -172,7 +172,9 @@ class TargetReport:
         return self.table().to_html()
 
 
-def report(model: torch.nn.Module, inputs: Any, target: str, *, backward: bool = False) -> TargetReport:
+def report(
+    model: torch.nn.Module, inputs: Any, target: str, *, backward: bool = False
+) -> TargetReport:
     """Each linear layer of ``model`` on ``inputs`` under ``target``."""
     lowbit_errors.check_target(target)
     rows = []
