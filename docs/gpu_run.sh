@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Everything the site records on a lent GPU machine, in one run of about 8 minutes.
+# Everything the site records on a lent GPU machine, in one run of at most 9 minutes.
 #
 # On the GPU machine (Python 3.12, torch with CUDA, no network): `bash docs/gpu_run.sh`. The
 # packages it lacks travel as wheels in .whl/ (made here by `bash docs/gpu_wheels.sh`). Outputs
 # land in $OUT (default build/gpu_run): the recording (docs/recorded/), the GPU tests' log, one
-# training step's CUDA trace (tests/data/gpu/), and the provenance of the run. Rehearse it on a
+# training step's CUDA trace (tests/data/gpu/), the model report's benchmark (docs/benchmarks/)
+# and the provenance of the run. Rehearse it on a
 # CPU with `bash docs/gpu_run.sh --allow-cpu`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,10 @@ if torch.cuda.is_available():
                           '--format=csv,noheader'], capture_output=True, text=True).stdout)
 "
 step record 300 "$PY" docs/site_recordings.py --out "$OUT" --trace "$OUT/train_step_cuda.json.gz" "${allow[@]}"
-step gpu_tests 150 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider tests
+step gpu_tests 120 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider tests
+dev=cuda
+[[ ${#allow[@]} -gt 0 ]] && dev=cpu
+step model_report 90 "$PY" benchmarks/model_report.py --device "$dev" --repeat 5 \
+  --out "$OUT/model_report_$dev.json"
 cat "$OUT/provenance.log"
 exit $status

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -76,9 +77,10 @@ def _encoder(dev: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, torch.randn(batch, length, width, device=dev)
 
 
-def _training_step(dev: torch.device) -> Callable[[], None]:
-    """One bf16-autocast training step of the encoder."""
+def _training_step(dev: torch.device, compiled: bool = False) -> Callable[[], None]:
+    """One bf16-autocast training step of the encoder (compiled by inductor with ``compiled``)."""
     model, x = _encoder(dev)
+    model = torch.compile(model) if compiled else model
     labels = torch.randint(0, 10, (x.shape[0],), device=dev)
 
     def step():
@@ -104,6 +106,57 @@ def capture_trace(dev: torch.device, path: Path) -> Path:
     return path
 
 
+def _compiled_step_casts(dev: torch.device) -> Table:
+    """The training step eager and with the encoder compiled by inductor: the cast ops left per
+    step, their time, the casts fused into kernels, and the cast time's share of the step."""
+    from mpguide.traces import casts, profiling
+
+    gpu = dev.type == "cuda"
+    rows = []
+    for name in ("eager", "inductor"):
+        step = _training_step(dev, compiled=name == "inductor")
+        steps = 3
+        rep = casts.report(profiling.profile_fn(step, warmup=2, active=steps).tree())
+        tensor = ~rep.scalar
+        cast_us, _, share = rep.share_of_steps(gpu)
+        rows.append(
+            (
+                name,
+                int(tensor.sum()) // steps,
+                int((~tensor).sum()) // steps,
+                cast_us / steps,
+                len(rep.fused) // steps,
+                rep.fused.total_us / steps,
+                f"{100 * share:.2f}%",
+            )
+        )
+    clock = "kernel" if gpu else "CPU"
+    columns = ("step", "tensor casts", "0-d casts", f"cast {clock} us", "fused casts")
+    columns += (f"fused {clock} us", "cast share of step")
+    caption = (
+        f"Casts per bf16-autocast training step of the encoder, {device.describe(dev).caption()}"
+    )
+    return Table(columns, tuple(rows), caption)
+
+
+def _recipe_times(dev: torch.device) -> Table:
+    from mpguide.training import loop
+
+    return loop.train(list(loop.RECIPES), steps=60, eval_every=30, dev=dev).table()
+
+
+def _norm_upcasts(dev: torch.device) -> Table:
+    from mpguide.traces import cast_cost
+
+    return cast_cost.norm_upcasts(dev)
+
+
+def _cast_bandwidth(dev: torch.device) -> Table:
+    from mpguide.traces import cast_cost
+
+    return cast_cost.cast_bandwidth(dev)
+
+
 def _inference_variants(dev: torch.device) -> Table:
     from mpguide.models import inference
 
@@ -119,6 +172,10 @@ MEASUREMENTS: dict[str, Callable[[torch.device], Table]] = {
     "compile.matmul_into_fp32": _compile_backends,
     "profiler.training_step_casts": _training_step_casts,
     "inference.variants": _inference_variants,
+    "profiler.norm_upcasts": _norm_upcasts,
+    "profiler.cast_bandwidth": _cast_bandwidth,
+    "compile.training_step_casts": _compiled_step_casts,
+    "training.recipes": _recipe_times,
 }
 
 
@@ -142,21 +199,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pass --allow-cpu to record this CPU"
             )
         command = shlex.join(["python", "docs/site_recordings.py", *argv])
-        rec = record.measure(
-            dev,
-            command,
-            MEASUREMENTS,
-            args.only,
-            progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-        )
-        path = record.save(rec, Path(args.out) / f"{record.slug(rec.provenance)}.json")
         if args.trace is not None:
-            print(f"wrote {capture_trace(dev, args.trace)}")
+            print(f"wrote {capture_trace(dev, args.trace)}", flush=True)
+        keys = args.only or list(MEASUREMENTS)
+        unknown = [k for k in keys if k not in MEASUREMENTS]
+        if unknown:
+            raise MPGuideError(f"unknown key {unknown[0]!r}; choose from {', '.join(MEASUREMENTS)}")
+        prov = record.provenance(dev, command)
+        path = Path(args.out) / f"{record.slug(prov)}.json"
+        tables, failed = {}, []
+        for i, key in enumerate(keys, 1):
+            print(f"[{i}/{len(keys)}] {key}", file=sys.stderr, flush=True)
+            try:
+                tables[key] = MEASUREMENTS[key](dev)
+            except Exception:  # noqa: BLE001 (one failing measurement keeps the others)
+                traceback.print_exc()
+                failed.append(key)
+            else:  # saved after each key: a run cut short keeps what it measured
+                record.save(record.Recording(prov, tables), path)
     except MPGuideError as err:
         print(f"site_recordings.py: error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {path}")
-    return 0
+    if tables:
+        print(f"wrote {path}")
+    if failed:
+        print(f"site_recordings.py: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -533,3 +533,24 @@ def test_a_cause_node_shared_by_two_rows_counts_in_each_and_none_is_blank():
         "Linear (model.py:20)": module_us - cast_us,
         "(top level)": None,
     }
+
+
+def test_recorded_cuda_step_casts_every_linear_weight_on_kernels():
+    """A bf16-autocast training step of a 4-layer encoder recorded by mpguide on an H100
+    (tests/data/gpu/PROVENANCE.md): every Linear weight is cast down in forward and its
+    gradient up in backward, and every tensor cast ran a kernel."""
+    rep = casts.report(trace.load(DATA / "gpu" / "h100_mpguide_bf16_train_step.json.gz").tree())
+    weights = Counter({(3072, 1024): 4, (1024, 1024): 4, (4096, 1024): 4, (1024, 4096): 4})
+    weights[(10, 262144)] = 1
+    down = Counter(
+        c.shape
+        for c in rep
+        if c.cause == "aten::linear" and not c.backward and c.source == "float32"
+    )
+    up = Counter(c.shape for c in rep if c.backward and c.target == "float32")
+    for shape, n in weights.items():
+        assert down[shape] == up[shape] == n, shape
+    assert all(c.forward_id is not None for c in rep if c.backward and c.target == "float32")
+    assert rep.gpu and all(c.gpu_us > 0 for c in rep if c.shape)
+    cast_us, step_us, share = rep.share_of_steps(gpu=True)
+    assert 0 < cast_us < step_us and 0 < share < 1

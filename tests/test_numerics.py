@@ -122,3 +122,9 @@ def test_cuda_table_measures_the_hardware():
         row = table.row(mode)
         assert row.how == numerics.HARDWARE and row.seconds > 0 and row.tflops > 0
     assert table.row("tf32").how in (numerics.HARDWARE, numerics.NO_EFFECT)
+    if torch.cuda.get_device_capability() >= (8, 9):
+        assert table.row("float8_e4m3fn").how == numerics.HARDWARE
+        e5m2 = table.row("float8_e5m2").how  # e5m2 x e5m2 is refused by _scaled_mm on Hopper
+        assert e5m2 == numerics.HARDWARE or e5m2.startswith(
+            f"{numerics.EMULATED}: torch._scaled_mm"
+        )

@@ -23,12 +23,13 @@ def tiny(monkeypatch):
     return table
 
 
-def measure(keys=None):
-    return record.measure(CPU, "cmd", site_recordings.MEASUREMENTS, keys)
+def measure(command="cmd"):
+    tables = {key: fn(CPU) for key, fn in site_recordings.MEASUREMENTS.items()}
+    return record.Recording(record.provenance(CPU, command), tables)
 
 
 def test_a_recording_round_trips_with_its_provenance(tmp_path, tiny):
-    rec = record.measure(CPU, "python -m mpguide record --allow-cpu", site_recordings.MEASUREMENTS)
+    rec = measure("python -m mpguide record --allow-cpu")
     path = record.save(rec, tmp_path / "cpu.json")
     back = record.load(path)
     assert back.provenance == rec.provenance
@@ -73,9 +74,25 @@ def test_a_missing_file_is_named(tmp_path):
         record.load(tmp_path / "none.json")
 
 
-def test_unknown_keys_are_refused(tiny):
-    with pytest.raises(MPGuideError, match="unknown measurement 'nope'"):
-        measure(["nope"])
+def test_unknown_keys_are_refused(capsys, tmp_path, tiny):
+    argv = ["--allow-cpu", "--device", "cpu", "--out", str(tmp_path), "--only", "nope"]
+    assert site_recordings.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown key 'nope'" in err
+
+
+def test_a_failing_measurement_keeps_the_others(capsys, monkeypatch, tmp_path, tiny):
+    def fails(dev):
+        raise RuntimeError("a kernel refused")
+
+    monkeypatch.setitem(site_recordings.MEASUREMENTS, "t.bad", fails)
+    monkeypatch.setitem(site_recordings.MEASUREMENTS, "t.two", lambda dev: tiny)
+    argv = ["--allow-cpu", "--device", "cpu", "--out", str(tmp_path)]
+    assert site_recordings.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError: a kernel refused" in err and err.endswith("failed: t.bad\n")
+    (path,) = tmp_path.glob("*.json")
+    assert set(record.load(path).tables) == {"t.one", "t.two"}
 
 
 def test_beside_shows_live_and_recorded_with_labels(tmp_path, tiny):

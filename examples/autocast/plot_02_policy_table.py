@@ -297,6 +297,36 @@ record.beside(
 )
 
 # %%
+# Every op where a recorded GPU and the simulation disagree
+# ---------------------------------------------------------
+# Each recording of CUDA's policy, bf16 and fp16, against this build's simulated CUDA column:
+# how many ops differ, how many of those the simulation left to hardware (``needs hardware``),
+# and every op it decided otherwise, with the GPU's note. A recording made on another torch
+# release can also differ where a rule changed between the two (see *Across releases* below).
+recorded_rows, decided_rows = [], []
+for rec in record.recordings():
+    for simulated in (cuda, fp16_cuda):
+        key = f"autocast.policy.{dtypes.name(simulated.dtype)}"
+        if key not in rec.tables or simulated.how != device.SIMULATED:
+            continue
+        diff = policy.against_recording(simulated, rec.tables[key])
+        decided = [r for r in diff.rows if r[2] != policy.NEEDS_HARDWARE]
+        # what the simulation gets wrong, it gets wrong one way: the GPU's kernel refused
+        # inputs that the meta kernel and the CPU accepted
+        assert all(r[3] == policy.UNSUPPORTED for r in decided), decided
+        where = f"{rec.provenance.name}, torch {rec.provenance.torch}"
+        recorded_rows.append((dtypes.short(simulated.dtype), where, len(diff.rows),
+                              len(diff.rows) - len(decided), len(decided)))
+        decided_rows += [(dtypes.short(simulated.dtype), *r) for r in decided]
+Table(("dtype", "recorded on", "ops differing", "left to hardware", "decided otherwise"),
+      tuple(recorded_rows),
+      f"recorded CUDA policies against this build's simulation (torch {torch.__version__})")
+
+# %%
+Table(("dtype", "op", "family", "simulated", "on the GPU", "note"), tuple(decided_rows),
+      "ops the simulation decided and a GPU classed otherwise")
+
+# %%
 # Across releases
 # ---------------
 # Facts of this table that changed inside the supported window of torch releases, each stated

@@ -13,6 +13,8 @@ switch that changes nothing on this hardware is marked as such.
 # %%
 # Setup
 # -----
+import math
+
 import torch
 
 from mpguide.core import device, switches
@@ -183,6 +185,30 @@ record.beside(
     result.table() if dev.type == "cuda" else None,
     machine=device.describe(dev),
 )
+
+# %%
+# Read from each recording: the errors grow as the mantissa shrinks on the GPU too (asserted
+# per shape), the throughput of each mode that ran on hardware at the largest shape, and the
+# modes the GPU could not run (emulated, with the reason torch gave).
+ORDER = ("fp32", "tf32", "bfloat16", "float8_e4m3fn")
+for rec in record.recordings():
+    if "numerics.matmul_errors" not in rec.tables:
+        continue
+    t = rec.tables["numerics.matmul_errors"]
+    rows = [dict(zip(t.columns, r, strict=True)) for r in t.rows]
+    by_shape = {}
+    for r in rows:
+        by_shape.setdefault(r["M x K x N"], {})[r["mode"]] = r
+    for shape, modes in by_shape.items():
+        errs = [modes[m]["max err / mean |ref|"] for m in ORDER if m in modes]
+        assert errs == sorted(errs), (rec.provenance.name, shape, errs)
+    largest = max(by_shape, key=lambda s: math.prod(map(int, s.split(" x "))))
+    fast = {m: r["TFLOP/s"] for m, r in by_shape[largest].items() if r["how"] == "hardware"}
+    print(f"{rec.provenance.name} (torch {rec.provenance.torch}, recorded), {largest}: "
+          + ", ".join(f"{m} {v:.0f} TFLOP/s" for m, v in fast.items()))
+    for r in rows:
+        if r["how"].startswith("emulated:") and r["M x K x N"] == largest:
+            print(f"  {r['mode']}: {r['how']}")
 
 # %%
 # What we saw

@@ -143,6 +143,30 @@ if dev.type == "cuda":
           f"{auto_up / auto_norm:.2f} x the norm's own kernels")
 
 # %%
+# Both norms, under autocast and in float32 by hand, measured the same way by
+# :func:`mpguide.traces.cast_cost.norm_upcasts` (live here), beside the recordings made on GPU
+# machines by ``nox -s record``: on a GPU the times are kernel times.
+from mpguide.core import record
+from mpguide.traces import cast_cost
+
+norm_costs = cast_cost.norm_upcasts(dev)
+assert [r[:2] for r in norm_costs.rows] == [
+    ("LayerNorm", "autocast"), ("LayerNorm", "float32 by hand"),
+    ("RMSNorm", "autocast"), ("RMSNorm", "float32 by hand"),
+]
+assert all(r[3] == 2 for r in norm_costs.rows if r[1] == "float32 by hand")
+record.beside("profiler.norm_upcasts", norm_costs, machine=device.describe(dev))
+
+# %%
+# What a cast costs against a plain copy of the same source: ``tensor.to(dtype)`` and
+# ``clone()`` timed in the same rounds (:func:`mpguide.traces.cast_cost.cast_bandwidth`). A cast
+# is a copy that converts on the way; where it runs near the copy's bandwidth, its cost is the
+# bytes it moves.
+bandwidth = cast_cost.cast_bandwidth(dev)
+assert all(r[2] == r[1] * 6 for r in bandwidth.rows if r[0] in ("f32 -> bf16", "bf16 -> f32"))
+record.beside("profiler.cast_bandwidth", bandwidth, machine=device.describe(dev))
+
+# %%
 # The times above are measured, not asserted: on a shared machine they vary from run to run.
 # What is asserted is the traffic the trace records. The float32 norm reads its float32 input
 # and writes a float32 output; the two casts around it read and write the activation twice

@@ -78,6 +78,18 @@ from mpguide import plots
 _ = plots.training_runs(runs, title=f"five recipes, {runs.machine.caption()}")
 
 # %%
+# Recorded on a GPU
+# -----------------
+# Every recipe of :data:`mpguide.training.loop.RECIPES`, 60 steps each on the same task, timed
+# on a GPU machine by ``nox -s record`` and labelled with its provenance. The model is small,
+# so a step there is bound by kernel launches more than by arithmetic: the time ratios say
+# what each recipe adds in extra kernels (the rounding and compensation steps), not what a
+# large model would gain from bf16 matrix units.
+from mpguide.core import record
+
+record.beside("training.recipes")
+
+# %%
 # The loss each recipe reached
 # ----------------------------
 fp32 = runs["fp32"]

@@ -191,7 +191,10 @@ def _import_contained() -> Iterator[None]:
     - without hypothesis it warns ``ImportWarning`` "Fail to import hypothesis" (all three), an
       error where warnings are errors (the docs build): ignored;
     - on a CUDA build without a CUDA runtime ``torch.utils.cpp_extension`` logs "No CUDA runtime
-      is found" to stderr at import (2.11.0+cu130 and 2.14.1+cu130): that logger is off.
+      is found" to stderr at import (2.11.0+cu130 and 2.14.1+cu130): that logger is off;
+    - where a GPU is present it imports ``numba.cuda``, whose import warns
+      ``DeprecationWarning`` on NumPy's generic timedelta unit (numba-cuda beside numpy 2.4, on
+      an H100 with 2.11.0+cu130): ignored.
 
     Left alone: it sets ``TORCHINDUCTOR_CACHE_DIR`` to the folder inductor uses by default
     (all three). It reads ``sys.argv`` only in ``run_tests``, which is never called here.
@@ -203,6 +206,7 @@ def _import_contained() -> Iterator[None]:
         cpp_log.disabled = True
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Fail to import hypothesis", ImportWarning)
+            warnings.filterwarnings("ignore", "The 'generic' unit for NumPy", DeprecationWarning)
             yield
     finally:
         cpp_log.disabled = disabled

@@ -32,6 +32,7 @@ op's runs and class come from :mod:`mpguide.autocast.probing`, the hand-written 
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from html import escape
 
 import torch
 
+from mpguide.autocast import isolated
 from mpguide.autocast.calls import CATALOGUE, Inputs, Op
 from mpguide.autocast.probing import (
     CLASSES,
@@ -62,6 +64,8 @@ from mpguide.autocast.probing import (
 from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CATALOGUE",
@@ -206,11 +210,17 @@ def probe(
     """Probe every op of ``ops`` under autocast on ``dev`` (default: :func:`mpguide.core.device.pick`).
 
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
-    build's dispatch rules (see :func:`mpguide.core.device.target`); the result says so.
+    build's dispatch rules (see :func:`mpguide.core.device.target`); the result says so. The
+    registered ops on a real accelerator run in a child process (:mod:`~mpguide.autocast.isolated`):
+    an op that crashes it is listed as such and the probe goes on.
     """
     dtype = dtypes.autocast_dtype(dtype)
-    ops = registered() if ops is None else ops
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
+    if ops is None and not target.simulated and target.device.type != "cpu":
+        ops = registered()
+        probes = isolated.probe_ops(ops, str(target.device), dtype, seed, log.warning)
+        return Policy(target.device.type, dtype, target.describe(), probes, target.how)
+    ops = registered() if ops is None else ops
     refs = references(dtype, tuple(ops)) if target.simulated else {}
     probes = tuple(probe_op(op, target, dtype, seed, refs.get(op.name)) for op in ops)
     return Policy(target.device.type, dtype, target.describe(), probes, target.how)
@@ -231,6 +241,22 @@ def differences(a: Policy, b: Policy) -> Table:
         if pa.kind != pb.kind
     )
     return Table(("op", "family", na, nb, "note"), rows, f"ops whose class differs {where}")
+
+
+def against_recording(simulated: Policy, recorded: Table) -> Table:
+    """The ops whose class in ``recorded`` (a policy table measured on a real device, see
+    :mod:`mpguide.core.record`) differs from ``simulated``'s, with the recorded note; a
+    ``simulated`` class other than ``needs hardware`` there is a wrong answer of the simulation."""
+    cls, note = recorded.columns.index("class"), recorded.columns.index("note")
+    real = {row[0]: row for row in recorded.rows}
+    rows = tuple(
+        (p.op, p.family, p.kind, real[p.op][cls], real[p.op][note] or p.note)
+        for p in simulated.probes
+        if p.op in real and real[p.op][cls] != p.kind
+    )
+    columns = ("op", "family", "simulated", "on the GPU", "note")
+    caption = f"ops whose class differs: {simulated.caption} against the recording"
+    return Table(columns, rows, caption)
 
 
 @dataclass(frozen=True)
@@ -310,5 +336,4 @@ def across(
     autocast can simulate), live where present, simulated elsewhere."""
     dtype = dtypes.autocast_dtype(dtype)
     names = _device.simulated_types() if devices is None else devices
-    ops = registered() if ops is None else ops
     return Devices(dtype, tuple(probe(d, dtype, ops, simulate=simulate) for d in names))

@@ -140,7 +140,8 @@ def _carries_autocast(dev_type: str) -> bool:
     try:
         with FakeTensorMode():
             keys = str(torch._C._dispatch_keys(torch.empty(1, device=dev_type)))
-    except (RuntimeError, AttributeError):
+    except (RuntimeError, AttributeError, AssertionError):
+        # AssertionError: with a GPU present, a fake xpu tensor asks for an XPU build (2.11)
         return False
     return f"autocast{dev_type}" in keys.lower()
 

@@ -1,7 +1,7 @@
 """Recorded results: tables measured on another machine (a GPU), with their provenance.
 
-A recording is one JSON file: its :class:`Provenance` and tables by key. :func:`measure` runs a
-set of measurements and :func:`save` writes them; :func:`beside` shows a live table with every
+A recording is one JSON file: its :class:`Provenance` and tables by key, written by
+:func:`save`; :func:`beside` shows a live table with every
 recording of the same key, so a page built on a CPU still shows what a GPU measured. What the
 site records, and where, lives with the site (``docs/site_recordings.py``, ``nox -s record``).
 """
@@ -13,7 +13,6 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from html import escape
 from pathlib import Path
@@ -101,27 +100,6 @@ class Recording:
 def slug(p: Provenance) -> str:
     """A file name for a recording: the device's name in lower case and dashes."""
     return re.sub(r"[^a-z0-9]+", "-", p.name.lower()).strip("-") or p.device
-
-
-def measure(
-    dev: torch.device,
-    command: str,
-    measurements: Mapping[str, Callable[[torch.device], Table]],
-    keys: Iterable[str] | None = None,
-    progress: Callable[[str], None] = lambda msg: None,
-) -> Recording:
-    """Run the ``measurements`` named by ``keys`` (default: all) on ``dev``."""
-    keys = list(measurements) if keys is None else list(keys)
-    unknown = [k for k in keys if k not in measurements]
-    if unknown:
-        raise MPGuideError(
-            f"unknown measurement {unknown[0]!r}; choose from {', '.join(measurements)}"
-        )
-    tables = {}
-    for i, key in enumerate(keys, 1):
-        progress(f"[{i}/{len(keys)}] {key}")
-        tables[key] = measurements[key](dev)
-    return Recording(provenance(dev, command), tables)
 
 
 def save(rec: Recording, path: Path | str) -> Path:
