@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything the site records on a lent GPU machine, in one run of at most 14 minutes (two calls
-# of the device tool: `bash docs/gpu_run.sh` with the record, then `bash docs/gpu_pages.sh`).
+# Everything the site records on a lent GPU machine, in one run of at most 9 minutes; the pages
+# with a GPU path run in a second call (`bash docs/gpu_pages.sh`, at most 4 minutes).
 #
 # On the GPU machine (Python 3.12, torch with CUDA, no network): `bash docs/gpu_run.sh`. The
 # packages it lacks travel as wheels in .whl/ (made here by `bash docs/gpu_wheels.sh`). Outputs
@@ -47,6 +47,5 @@ dev=cuda
 [[ ${#allow[@]} -gt 0 ]] && dev=cpu
 step model_report 90 "$PY" benchmarks/model_report.py --device "$dev" --repeat 5 \
   --out "$OUT/model_report_$dev.json"
-step pages 260 env OUT="$OUT" PYTHON="$PY" JOBS=16 bash docs/gpu_pages.sh
 cat "$OUT/provenance.log"
 exit $status
