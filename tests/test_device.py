@@ -39,6 +39,22 @@ def test_resolve_rejects_a_cuda_index_past_the_last():
         device.resolve(f"cuda:{torch.cuda.device_count()}")
 
 
+@pytest.mark.gpu
+def test_a_gpu_machine_still_simulates_the_device_types_it_lacks():
+    # torch sets up a GPU context for every new fake cuda or xpu tensor when CUDA is present
+    kernels = device.autocast_kernels()
+    assert "xpu" not in kernels or "xpu" in device.simulated_types()
+
+
+@pytest.mark.gpu
+def test_tensors_moves_the_modules_to_a_live_device_for_the_block():
+    lin = torch.nn.Linear(4, 4)
+    with device.tensors(device.target("cuda"), [lin]):
+        assert lin.weight.device.type == "cuda" and isinstance(lin.weight, torch.nn.Parameter)
+        assert lin(torch.randn(2, 4, device="cuda")).device.type == "cuda"
+    assert lin.weight.device.type == "cpu"
+
+
 def test_describe_names_torch_and_the_device():
     m = device.describe("cpu")
     assert m.device == "cpu"

@@ -59,11 +59,14 @@ for dt in (torch.float32, torch.bfloat16, torch.float16):
     h = x.to(dt) @ w_in.to(dt)
     logits = block(x.to(dt), w_in.to(dt), w_out.to(dt))
     probs = torch.softmax(logits.float(), -1)
-    try:
-        torch.multinomial(probs, 1, generator=gen)
-        sampled = "sampled"
-    except RuntimeError as err:
-        sampled = f"RuntimeError: {err}"
+    if dev.type == "cuda" and not torch.isfinite(probs).all():
+        sampled = "not sampled here: on CUDA the check is a device-side assert"
+    else:
+        try:
+            torch.multinomial(probs, 1, generator=gen)
+            sampled = "sampled"
+        except RuntimeError as err:
+            sampled = f"RuntimeError: {err}"
     served.append((str(dt).removeprefix("torch."), h.float().abs().max().item(),
                    int(torch.isinf(h).sum()), int(torch.isnan(logits).sum()), sampled))
 fp16_nan = Table(("dtype", "max |activation|", "inf activations", "NaN logits", "sampling"),
@@ -76,7 +79,8 @@ f32_row, bf16_row, fp16_row = fp16_nan.records()
 assert f32_row["max |activation|"] > torch.finfo(torch.float16).max
 assert f32_row["NaN logits"] == bf16_row["NaN logits"] == 0 and bf16_row["inf activations"] == 0
 assert fp16_row["inf activations"] > 0 and fp16_row["NaN logits"] > 0
-assert "probability tensor contains either `inf`, `nan` or element < 0" in fp16_row["sampling"]
+if dev.type == "cpu":
+    assert "probability tensor contains either `inf`, `nan` or element < 0" in fp16_row["sampling"]
 print(f"on torch {torch.__version__} ({dev.type}): fp16 overflows to inf, the RMSNorm turns "
       "inf into NaN, and sampling raises the reader's error; bf16 serves it")
 
@@ -84,7 +88,10 @@ print(f"on torch {torch.__version__} ({dev.type}): fp16 overflows to inf, the RM
 # The activation is about ``40 * 2500 = 1e5``, above fp16's largest value (65504) but
 # nowhere near bf16's (3.4e38), whose exponent range is float32's. In fp16 it becomes
 # ``inf``; the normalization divides ``inf`` by ``sqrt(mean(inf**2)) = inf`` and produces NaN,
-# which reaches every logit of the row and the sampler, which refuses NaN probabilities.
+# which reaches every logit of the row and the sampler, which refuses NaN probabilities. On
+# a GPU the sampler checks them in a kernel: a run of this page on an H100 (torch 2.11) stopped
+# at the same message as a failed device-side assertion, after which the CUDA context is
+# unusable and the process must restart, so on CUDA the page does not sample NaN.
 # bf16 -> fp16 is the risky direction (a bf16-trained model never had to keep its
 # activations below 65504); fp16 -> bf16 only costs precision (ml-engineering#41). Fixes:
 # serve in bf16; or keep the overflowing modules in float32 (find them with the per-module

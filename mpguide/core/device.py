@@ -133,15 +133,35 @@ def autocast_kernels() -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (kv[0] != "cpu", kv[0] != "cuda", kv[0])))
 
 
+@contextmanager
+def fake_mode(**kwargs: Any) -> Iterator[Any]:
+    """:class:`~torch._subclasses.fake_tensor.FakeTensorMode` (``kwargs`` passed on) that
+    makes fake tensors of device types this machine lacks. With a CUDA GPU present, torch
+    makes a real tensor on the type of every new fake cuda or xpu tensor (to set up a GPU
+    context), and a fake xpu tensor then raises "Torch not compiled with XPU enabled" (seen with
+    2.11 on an H100): that set-up is skipped for a type that is not present."""
+    from torch._subclasses import fake_tensor
+
+    real_init = fake_tensor.init_gpu_context
+
+    def init(dev: torch.device) -> None:
+        if present(dev.type):
+            real_init(dev)
+
+    fake_tensor.init_gpu_context = init
+    try:
+        with fake_tensor.FakeTensorMode(**kwargs) as mode:
+            yield mode
+    finally:
+        fake_tensor.init_gpu_context = real_init
+
+
 def _carries_autocast(dev_type: str) -> bool:
     """Whether a fake tensor on ``dev_type`` carries that device's autocast dispatch key."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     try:
-        with FakeTensorMode():
+        with fake_mode():
             keys = str(torch._C._dispatch_keys(torch.empty(1, device=dev_type)))
-    except (RuntimeError, AttributeError, AssertionError):
-        # AssertionError: with a GPU present, a fake xpu tensor asks for an XPU build (2.11)
+    except (RuntimeError, AttributeError):
         return False
     return f"autocast{dev_type}" in keys.lower()
 
@@ -372,23 +392,32 @@ def _fake_like(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 
 @contextmanager
-def _fake_state(modules: Iterable[torch.nn.Module], dev: torch.device) -> Iterator[None]:
-    """The parameters and buffers of ``modules`` and their submodules replaced by fake ones
-    on ``dev`` (a tensor shared by two modules stays shared); the real ones are put back."""
-    fakes: dict[int, torch.Tensor] = {}
+def _swapped_state(
+    modules: Iterable[torch.nn.Module], make: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[None]:
+    """The parameters and buffers of ``modules`` and their submodules replaced by ``make`` of
+    each (a tensor shared by two modules stays shared); the originals are put back."""
+    made: dict[int, torch.Tensor] = {}
     swapped = []
     try:
         for module in {id(m): m for root in modules for m in root.modules()}.values():
             for slots in (module._parameters, module._buffers):
                 for name, t in list(slots.items()):
                     if t is not None:
-                        fake = fakes.setdefault(id(t), _fake_like(t, dev))
+                        new = made.setdefault(id(t), make(t))
                         swapped.append((slots, name, t))
-                        slots[name] = fake
+                        slots[name] = new
         yield
     finally:
         for slots, name, t in reversed(swapped):
             slots[name] = t
+
+
+def _moved(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    if t.device == dev:
+        return t
+    copy = t.detach().to(dev)
+    return torch.nn.Parameter(copy, t.requires_grad) if isinstance(t, torch.nn.Parameter) else copy
 
 
 @contextmanager
@@ -396,13 +425,14 @@ def tensors(dev: Target, modules: Iterable[torch.nn.Module] = ()) -> Iterator[No
     """Where ``dev`` is simulated, make every tensor created inside fake (shapes, dtypes and
     devices only; ops run their meta kernels, some tensor methods as in :func:`aten_methods`),
     and give the parameters and buffers of ``modules`` fake counterparts on ``dev`` for the
-    block, the real ones put back after; a live device changes nothing. Where autograd cannot
+    block, the real ones put back after; on a live device they are copied there for the block
+    (the originals put back after), and tensors are made as usual. Where autograd cannot
     run on the device here (:func:`simulates_autograd`), grad mode is off inside, so a module's
     parameters neither abort the process nor fail its backward pass."""
     if not dev.simulated:
-        yield
+        with _swapped_state(modules, lambda t: _moved(t, dev.device)):
+            yield
         return
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     grad = nullcontext() if simulates_autograd(dev.device.type) else torch.no_grad()
     # A meta kernel that raises is logged at ERROR with its traceback; the caller reports it.
@@ -411,10 +441,10 @@ def tensors(dev: Target, modules: Iterable[torch.nn.Module] = ()) -> Iterator[No
     logger.disabled = True
     try:
         with (
-            FakeTensorMode(allow_non_fake_inputs=False),
+            fake_mode(allow_non_fake_inputs=False),
             aten_methods(dev.device.type),
             grad,
-            _fake_state(modules, dev.device),
+            _swapped_state(modules, lambda t: _fake_like(t, dev.device)),
         ):
             yield
     finally:

@@ -128,3 +128,16 @@ def legend_below(fig: Figure, ax: Axes, own: bool, handles: Sequence[Any] | None
         return fig.legend(loc="outside lower center", **kw)
     kw.pop("ncol", None)
     return ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), **kw)
+
+
+def floats(values: Any) -> Any:
+    """``values`` (numbers, arrays, tensors on any device, or a sequence of tensors of one
+    shape) as a float64 numpy array."""
+    import numpy as np
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        return values.detach().to("cpu", torch.float64).numpy()
+    if isinstance(values, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in values):
+        return np.stack([floats(v) for v in values])
+    return np.asarray(values, dtype=float)
