@@ -82,16 +82,18 @@ assert fp16_row["inf activations"] > 0 and fp16_row["NaN logits"] > 0
 if dev.type == "cpu":
     assert "probability tensor contains either `inf`, `nan` or element < 0" in fp16_row["sampling"]
 print(f"on torch {torch.__version__} ({dev.type}): fp16 overflows to inf, the RMSNorm turns "
-      "inf into NaN, and sampling raises the reader's error; bf16 serves it")
+      f"inf into NaN, and sampling {fp16_row['sampling'] if dev.type == 'cuda' else 'raises the reader error'}; "
+      "bf16 serves it")
 
 # %%
 # The activation is about ``40 * 2500 = 1e5``, above fp16's largest value (65504) but
 # nowhere near bf16's (3.4e38), whose exponent range is float32's. In fp16 it becomes
 # ``inf``; the normalization divides ``inf`` by ``sqrt(mean(inf**2)) = inf`` and produces NaN,
 # which reaches every logit of the row and the sampler, which refuses NaN probabilities. On
-# a GPU the sampler checks them in a kernel: a run of this page on an H100 (torch 2.11) stopped
-# at the same message as a failed device-side assertion, after which the CUDA context is
-# unusable and the process must restart, so on CUDA the page does not sample NaN.
+# a GPU the sampler checks them in a kernel: recorded in a run of this page on an H100 (torch
+# 2.11, ``docs/gpu_pages.sh``), it stopped at the same message as a failed device-side
+# assertion, after which the CUDA context is unusable and the process must restart, so on
+# CUDA the page does not sample NaN.
 # bf16 -> fp16 is the risky direction (a bf16-trained model never had to keep its
 # activations below 65504); fp16 -> bf16 only costs precision (ml-engineering#41). Fixes:
 # serve in bf16; or keep the overflowing modules in float32 (find them with the per-module
