@@ -9,7 +9,6 @@ dtypes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,18 +152,38 @@ class Call:
         )
 
 
-def leaves(value: Any) -> Iterator[Any]:
-    """The leaves of an op's arguments or outputs, in order: what ATen passes holds only
-    tuples, lists and dicts, so this walks those alone (torch's pytree, which knows every
-    container, costs several times more per op)."""
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            yield from leaves(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from leaves(v)
-    else:
-        yield value
+def _scan(values: Any, ins: list[torch.dtype], given: list[torch.dtype]) -> None:
+    """Append the dtype of every tensor among ``values`` (tuples, lists and dicts walked in
+    order: what ATen passes holds no other container) to ``ins``, and the first ``torch.dtype``
+    argument to ``given``. A loop that appends costs less per op than torch's pytree or
+    nested generators."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            ins.append(v.dtype)
+        elif isinstance(v, (tuple, list)):
+            _scan(v, ins, given)
+        elif isinstance(v, dict):
+            _scan(v.values(), ins, given)
+        elif not given and isinstance(v, torch.dtype):
+            given.append(v)
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    """The first tensor of an op's output, walked as :func:`_scan` walks."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (tuple, list)):
+        return None
+    for v in value:
+        if (found := _first_tensor(v)) is not None:
+            return found
+    return None
+
+
+_NAMES: dict[Any, str] = {}
+"""Op names by op: ``str(OpOverload)`` builds the name anew at each call."""
 
 
 class Log(TorchDispatchMode):
@@ -185,15 +204,20 @@ class Log(TorchDispatchMode):
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Keep one op that ran: ``func(*args, **kwargs)`` returned ``out``."""
-        ins, given = [], None
-        for a in leaves((args, kwargs)):
-            if isinstance(a, torch.Tensor):
-                ins.append(a.dtype)
-            elif given is None and isinstance(a, torch.dtype):
-                given = a
-        first = next((o for o in leaves(out) if isinstance(o, torch.Tensor)), None)
+        ins: list[torch.dtype] = []
+        given: list[torch.dtype] = []
+        _scan(args, ins, given)
+        if kwargs:
+            _scan(kwargs.values(), ins, given)
+        first = _first_tensor(out)
+        name = _NAMES.get(func) or _NAMES.setdefault(func, str(func))
         self.calls.append(
-            Call(str(func), tuple(ins), given, None if first is None else first.dtype)
+            Call(
+                name,
+                tuple(ins),
+                given[0] if given else None,
+                None if first is None else first.dtype,
+            )
         )
 
     def conversions(self) -> list[tuple[torch.dtype, torch.dtype]]:
