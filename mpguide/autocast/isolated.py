@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -40,6 +41,16 @@ def _child() -> None:
         pickle.dump(("done", probe_op(ops[name], target, dtypes.parse(dtype), seed)), out)
     pickle.dump(("end", None), out)
     out.close()
+
+
+def _env() -> dict[str, str]:
+    """The environment of a child: this one, with the folder this mpguide was imported from
+    first on its module path (the parent may have found it through ``sys.path`` alone)."""
+    import mpguide
+
+    here = str(Path(mpguide.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}
 
 
 def _died(exitcode: int | None) -> str:
@@ -75,6 +86,7 @@ def probe_ops(
             [sys.executable, "-m", "mpguide.autocast.isolated"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=_env(),
         )
         child.stdin.write(json.dumps([dev, str(dtype), seed, left]).encode())
         child.stdin.close()
