@@ -303,7 +303,7 @@ record.beside(
 # how many ops differ, how many of those the simulation left to hardware (``needs hardware``),
 # and every op it decided otherwise, with the GPU's note. A recording made on another torch
 # release can also differ where a rule changed between the two (see *Across releases* below).
-recorded_rows, decided_rows = [], []
+recorded_rows, decided_rows, left_rows = [], [], []
 for rec in record.recordings():
     for simulated in (cuda, fp16_cuda):
         key = f"autocast.policy.{dtypes.name(simulated.dtype)}"
@@ -318,6 +318,8 @@ for rec in record.recordings():
         recorded_rows.append((dtypes.short(simulated.dtype), where, len(diff.rows),
                               len(diff.rows) - len(decided), len(decided)))
         decided_rows += [(dtypes.short(simulated.dtype), *r) for r in decided]
+        left_rows += [(dtypes.short(simulated.dtype), r[0], r[3], where)
+                      for r in diff.rows if r[2] == policy.NEEDS_HARDWARE]
 Table(("dtype", "recorded on", "ops differing", "left to hardware", "decided otherwise"),
       tuple(recorded_rows),
       f"recorded CUDA policies against this build's simulation (torch {torch.__version__})")
@@ -325,6 +327,12 @@ Table(("dtype", "recorded on", "ops differing", "left to hardware", "decided oth
 # %%
 Table(("dtype", "op", "family", "simulated", "on the GPU", "note"), tuple(decided_rows),
       "ops the simulation decided and a GPU classed otherwise")
+
+# %%
+# And the ops the simulation left to hardware, with the class the GPU gave them (its notes are
+# in the recorded table above):
+Table(("dtype", "op", "on the GPU", "recorded on"), tuple(left_rows),
+      "ops simulated as 'needs hardware', as a GPU classed them")
 
 # %%
 # Across releases
