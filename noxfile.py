@@ -48,14 +48,15 @@ def _install(session: nox.Session, *extras: str) -> None:
     else:
         extras = ("pinned", *extras)
     spec_extras = f".[{','.join(extras)}]" if extras else "."
-    env = _pip_settings_for_uv() if session.venv_backend == "uv" else {}
+    env = _uv_settings() if session.venv_backend == "uv" else {}
     session.install("-e", spec_extras, env=env)
 
 
-def _pip_settings_for_uv() -> dict[str, str]:
-    """The wheel folders and constraint files this machine's pip is configured with (its
-    config files and ``PIP_*`` variables), for uv, which reads neither: where pip finds
-    torch's CPU build in a local folder, uv must look there too."""
+def _uv_settings() -> dict[str, str]:
+    """uv's settings to install as this machine's pip does: bytecode compiled at install, and
+    the wheel folders and constraint files pip is configured with (its config files and
+    ``PIP_*`` variables, which uv reads neither of): where pip finds torch's CPU build in a
+    local folder, uv must look there too."""
     try:
         listed = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"],
@@ -65,12 +66,14 @@ def _pip_settings_for_uv() -> dict[str, str]:
             timeout=60,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return {}
+        listed = ""
     found = {}
     for line in listed.splitlines():  # "global.find-links='/opt/wheels'", later lines win
         key, _, value = line.partition("=")
         found[key.rpartition(".")[2]] = value.strip().strip("'\"")
-    env = {}
+    # Compiled at install as pip does: a module compiled at import warns where its source has
+    # an invalid escape (torchao's quant_api.py), an error where warnings are errors.
+    env = {"UV_COMPILE_BYTECODE": "1"}
     if found.get("find-links"):
         env["UV_FIND_LINKS"] = ",".join(found["find-links"].split())
     if found.get("constraint"):
