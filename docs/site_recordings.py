@@ -18,6 +18,7 @@ import torch
 from mpguide import MPGuideError
 from mpguide.core import device, record
 from mpguide.core.table import Table
+from mpguide.traces import cast_cost
 
 
 def _policy(dtype: torch.dtype) -> Callable[[torch.device], Table]:
@@ -111,11 +112,10 @@ def _compiled_step_casts(dev: torch.device) -> Table:
     step, their time, the casts fused into kernels, and the cast time's share of the step."""
     from mpguide.traces import casts, profiling
 
-    gpu = dev.type == "cuda"
+    gpu, steps = dev.type == "cuda", 3
     rows = []
     for name in ("eager", "inductor"):
         step = _training_step(dev, compiled=name == "inductor")
-        steps = 3
         rep = casts.report(profiling.profile_fn(step, warmup=2, active=steps).tree())
         tensor = ~rep.scalar
         cast_us, _, share = rep.share_of_steps(gpu)
@@ -145,18 +145,6 @@ def _recipe_times(dev: torch.device) -> Table:
     return loop.train(list(loop.RECIPES), steps=60, eval_every=30, dev=dev).table()
 
 
-def _norm_upcasts(dev: torch.device) -> Table:
-    from mpguide.traces import cast_cost
-
-    return cast_cost.norm_upcasts(dev)
-
-
-def _cast_bandwidth(dev: torch.device) -> Table:
-    from mpguide.traces import cast_cost
-
-    return cast_cost.cast_bandwidth(dev)
-
-
 def _inference_variants(dev: torch.device) -> Table:
     from mpguide.models import inference
 
@@ -172,8 +160,8 @@ MEASUREMENTS: dict[str, Callable[[torch.device], Table]] = {
     "compile.matmul_into_fp32": _compile_backends,
     "profiler.training_step_casts": _training_step_casts,
     "inference.variants": _inference_variants,
-    "profiler.norm_upcasts": _norm_upcasts,
-    "profiler.cast_bandwidth": _cast_bandwidth,
+    "profiler.norm_upcasts": cast_cost.norm_upcasts,
+    "profiler.cast_bandwidth": cast_cost.cast_bandwidth,
     "compile.training_step_casts": _compiled_step_casts,
     "training.recipes": _recipe_times,
 }

@@ -216,13 +216,13 @@ def probe(
     """
     dtype = dtypes.autocast_dtype(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
-    if ops is None and not target.simulated and target.device.type != "cpu":
-        ops = registered()
-        probes = isolated.probe_ops(ops, str(target.device), dtype, seed, log.warning)
-        return Policy(target.device.type, dtype, target.describe(), probes, target.how)
+    isolate = ops is None and not target.simulated and target.device.type != "cpu"
     ops = registered() if ops is None else ops
-    refs = references(dtype, tuple(ops)) if target.simulated else {}
-    probes = tuple(probe_op(op, target, dtype, seed, refs.get(op.name)) for op in ops)
+    if isolate:
+        probes = isolated.probe_ops(ops, str(target.device), dtype, seed, log.warning)
+    else:
+        refs = references(dtype, tuple(ops)) if target.simulated else {}
+        probes = tuple(probe_op(op, target, dtype, seed, refs.get(op.name)) for op in ops)
     return Policy(target.device.type, dtype, target.describe(), probes, target.how)
 
 

@@ -404,7 +404,9 @@ def _swapped_state(
             for slots in (module._parameters, module._buffers):
                 for name, t in list(slots.items()):
                     if t is not None:
-                        new = made.setdefault(id(t), make(t))
+                        new = made.get(id(t))
+                        if new is None:  # made once per tensor, shared or not
+                            new = made[id(t)] = make(t)
                         swapped.append((slots, name, t))
                         slots[name] = new
         yield

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from mpguide.plots.style import BLUE, LOST_COLOUR, OP_COLOUR, TEXT, TITLE, axes, floats
+from mpguide.plots.style import BLUE, LOST_COLOUR, OP_COLOUR, TEXT, TITLE, as_float64, axes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -21,7 +21,7 @@ def overflow_histogram(
     it (values the format turns into infinity) are red."""
     import numpy as np
 
-    mags = np.abs(floats(values))
+    mags = np.abs(as_float64(values))
     top = max(mags.max(), limit) * 1.05
     edges = np.union1d(np.linspace(0, top, 31), [limit])
     fig, ax, _ = axes(ax, (8.0, 3.8))

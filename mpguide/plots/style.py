@@ -130,7 +130,7 @@ def legend_below(fig: Figure, ax: Axes, own: bool, handles: Sequence[Any] | None
     return ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), **kw)
 
 
-def floats(values: Any) -> Any:
+def as_float64(values: Any) -> Any:
     """``values`` (numbers, arrays, tensors on any device, or a sequence of tensors of one
     shape) as a float64 numpy array."""
     import numpy as np
@@ -139,5 +139,5 @@ def floats(values: Any) -> Any:
     if isinstance(values, torch.Tensor):
         return values.detach().to("cpu", torch.float64).numpy()
     if isinstance(values, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in values):
-        return np.stack([floats(v) for v in values])
+        return np.stack([as_float64(v) for v in values])
     return np.asarray(values, dtype=float)

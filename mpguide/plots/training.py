@@ -15,9 +15,9 @@ from mpguide.plots.style import (
     SMALL,
     TEXT,
     TITLE,
+    as_float64,
     axes,
     fig_title,
-    floats,
     grid,
     heading,
     legend_below,
@@ -73,7 +73,7 @@ def magnitude_histogram(
         raise MPGuideError(f"need 1 to {len(SERIES_COLOURS)} series, got {len(series)}")
     logs = {}
     for label, values in series.items():
-        mags = np.abs(floats(values))
+        mags = np.abs(as_float64(values))
         if not (mags > 0).any():
             raise MPGuideError(f"series {label!r} has no nonzero value")
         logs[label] = np.log2(mags[mags > 0])
@@ -149,7 +149,7 @@ def accumulation(
         raise MPGuideError(f"need 1 to {len(SERIES_COLOURS)} histories, got {len(histories)}")
     fig, ax, own = axes(ax, (8.0, 3.8))
     for (label, rows), colour in zip(histories.items(), SERIES_COLOURS, strict=False):
-        values = floats(rows).reshape(len(rows), -1)
+        values = as_float64(rows).reshape(len(rows), -1)
         steps = np.arange(len(values))
         ax.plot(steps, values.mean(axis=1), color=colour, label=label)
         if (values.min(axis=1) != values.max(axis=1)).any():

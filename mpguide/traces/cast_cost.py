@@ -74,8 +74,8 @@ def norm_upcasts(
             (n.gpu_time if gpu else n.dur) - sum(cast_us.get(m.id, 0.0) for m in n.walk())
             for n in nodes
         ]
-        up = [us for c in found if c.target == "float32" for us in [cast_us[c.id]]]
-        down = [us for c in found if c.source == "float32" for us in [cast_us[c.id]]]
+        up = [cast_us[c.id] for c in found if c.target == "float32"]
+        down = [cast_us[c.id] for c in found if c.source == "float32"]
         norm_us = median(own) if own else None
         up_us = median(up) if up else None
         out.append(
