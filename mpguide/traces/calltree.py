@@ -358,9 +358,15 @@ class Tree:
         return matching(self.trace.name, predicate)
 
     def step_mask(self) -> np.ndarray:
-        """Mask of the profiled steps in the tree: the ``ProfilerStep#N`` ranges."""
+        """Mask of the profiled steps in the tree: the ``ProfilerStep#N`` ranges (read-only,
+        computed once)."""
+        return self._steps
+
+    @cached_property
+    def _steps(self) -> np.ndarray:
         steps = self.in_category(ANNOTATION.__eq__) & self.included
         steps &= self.named(lambda n: n.startswith(STEP_MARK))
+        steps.flags.writeable = False
         return steps
 
     def steps(self) -> list[Node]:

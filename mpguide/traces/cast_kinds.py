@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Iterator
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -139,17 +140,15 @@ class _CastArgs(msgspec.Struct, gc=False):
 
 
 _CAST_ARGS = msgspec.json.Decoder(_CastArgs)
-_CAST_ARGS_LIST = msgspec.json.Decoder(list[_CastArgs])
 
-_Key = tuple[str, bytes]
 _Described = tuple[tuple[str, str], tuple[int, ...] | None]
 _ENTRIES = attrgetter("types", "concrete", "dims")
 
 
-def _key(name: str, args: _CastArgs) -> _Key:
-    """The op's name, and the JSON of its three entries joined by NUL (which JSON text
-    cannot hold), hashed once."""
-    return name, b"\0".join(_ENTRIES(args))
+def _keys(names: Iterable[str], args: Iterable[_CastArgs]) -> Iterator[tuple[str, bytes]]:
+    """Each op's name, and the JSON of its three entries joined by NUL (which JSON text
+    cannot hold): hashed once per cast, by builtins only (a million casts in a trace)."""
+    return zip(names, map(b"\0".join, map(_ENTRIES, args)), strict=True)
 
 
 def _list(raw: bytes) -> list:
@@ -163,7 +162,7 @@ def _at(items: list, i: int) -> Any:
 
 def _describe(name: str, entries: bytes) -> _Described:
     """(source, target) dtype of a cast op, ``'?'`` where the trace does not say, and the
-    first input's shape; ``entries`` as :func:`_key` joins them."""
+    first input's shape; ``entries`` as :func:`_keys` joins them."""
     types, concrete, dims = entries.split(b"\0")
     types_, first_dims = _list(types), _at(_list(dims), 0)
     if name == "aten::copy_":

@@ -102,7 +102,9 @@ def _nest_without_overlaps(
     touching = int((start[np.minimum(closer, m - 1)] == ends).sum()) - int(zero_length[-1])
     del ends, closer
     position = np.arange(m)
-    depth = position - ended + zero_length[_group_ends(start)] - zero_length[position]
+    depth = position - ended
+    if zero_length[-1]:
+        depth += zero_length[_group_ends(start)] - zero_length[position]
     del ended, zero_length
     # The events sorted by (depth, position) each look for the last event one level up
     # before them, in that order too (which numpy searches fastest).

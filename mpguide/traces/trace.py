@@ -44,7 +44,7 @@ import numpy as np
 
 from mpguide import MPGuideError, error_line
 from mpguide.traces import calltree
-from mpguide.traces.columns import CODE, Args, Coded, Flows, codes, matching, merged
+from mpguide.traces.columns import CODE, EMPTY, Args, Coded, Flows, codes, matching, merged
 from mpguide.traces.memory import (
     BYTES_PER_EVENT,
     available_memory,
@@ -76,8 +76,6 @@ class _File(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
-_NO_ARGS = _DECODER.decode(b'[{"ph":"X"}]')[0].args
-"""The ``args`` an event without them decodes to: one object that all of them share."""
 FLOW = "ac2g"
 PARALLEL_BYTES = 64 << 20
 """Plain traces at least this large are decoded in two processes."""
@@ -94,7 +92,7 @@ def _flows(events: list[Event], flowing: np.ndarray) -> Flows:
     """The ``ac2g`` flow starts and ends among ``events``, of those ``flowing`` marks (flow
     phases in the flow category), with an ``id`` and a time that nests
     (:data:`mpguide.traces.calltree.MAX_US`)."""
-    maybe = list(compress(events, flowing.tolist()))
+    maybe = list(map(events.__getitem__, np.flatnonzero(flowing).tolist()))
     n = len(maybe)
     ts = np.fromiter(map(attrgetter("ts"), maybe), float, n)
     has_id = np.fromiter(map(is_not, map(attrgetter("id"), maybe), repeat(None)), bool, n)
@@ -108,6 +106,19 @@ def _flows(events: list[Event], flowing: np.ndarray) -> Flows:
 
 
 _KINDS = attrgetter("ph", "name", "cat", "pid", "tid")
+
+
+def _taken(complete: np.ndarray | None, kept: np.ndarray | None) -> list[bool] | None:
+    """Mask over all events of the complete ones (None: all are) whose ``args`` are kept
+    (None: all), as a list (``itertools.compress`` reads a list far faster than an array);
+    None when it takes every event."""
+    if kept is None:
+        return None if complete is None else complete.tolist()
+    if complete is None:
+        return kept.tolist()
+    whole = np.zeros(len(complete), dtype=bool)
+    whole[complete] = kept
+    return whole.tolist()
 
 
 def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) -> Trace:
@@ -125,9 +136,11 @@ def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) 
     other = {p: c for p, c in zip(phases, counts, strict=True) if c}
     flowing = [p in ("s", "f") and c == FLOW for p, c in zip(ph, cat, strict=True)]
     flows = _flows(events, np.array(flowing, dtype=bool)[kind])
-    if not is_complete.all():
-        events, kind = list(compress(events, is_complete.tolist())), kind[is_complete]
-    n = len(events)
+    # The other phases are few: the complete events are picked out of columns made over all
+    # of them, not copied into a list of their own.
+    complete = None if is_complete.all() else is_complete
+    kind = kind if complete is None else kind[complete]
+    n = len(kind)
     on_complete = np.flatnonzero(of_complete).tolist()
     coded = []
     for values in (name, cat, pid, tid):
@@ -135,16 +148,23 @@ def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) 
         code[on_complete], distinct = codes(map(values.__getitem__, on_complete), len(on_complete))
         coded.append(Coded(code[kind], distinct))
     del kind
-    ts, dur = (np.fromiter(map(attrgetter(f), events), float, n) for f in ("ts", "dur"))
+    ts, dur = (np.fromiter(map(attrgetter(f), events), float, len(events)) for f in ("ts", "dur"))
+    if complete is not None:
+        ts, dur = ts[complete], dur[complete]
     kept = None if args_of is None else _keeps_args(coded[0], coded[1], args_of)
-    raws = list(map(attrgetter("args"), events if kept is None else compress(events, kept)))
+    taken = _taken(complete, kept)
+    raws = list(map(attrgetter("args"), events if taken is None else compress(events, taken)))
     del events
-    has = np.fromiter(map(is_not, raws, repeat(_NO_ARGS)), bool, len(raws))
+    lengths = np.fromiter(map(len, raws), np.int64, len(raws))
+    has = lengths != len(EMPTY)  # of those as short as "{}", only "{}" is left out
+    if not has.all():
+        two = np.flatnonzero(~has).tolist()
+        has[two] = [bytes(raws[i]) != EMPTY for i in two]
     stored = np.arange(n) if kept is None else np.flatnonzero(kept)
     if not has.all():
-        raws, stored = list(compress(raws, has.tolist())), stored[has]
-    ends = np.cumsum(np.fromiter(map(len, raws), np.int64, len(raws)))
+        raws, stored, lengths = list(compress(raws, has.tolist())), stored[has], lengths[has]
     dense = len(stored) == n
+    ends = np.cumsum(lengths)
     args = Args((b"".join(raws),), np.zeros(1, np.int64), ends, kept, None if dense else stored)
     return Trace(*coded, ts, dur, args, other, flows, source, replaced)
 
@@ -686,8 +706,11 @@ log = logging.getLogger(__name__)
 
 _WINDOW = 1 << 20
 _SHARE = 0.55  # of the file decoded here (the worker first starts Python and imports; on a
-# 1 M-event trace 0.55 balanced the two best: 3.25 s median against 3.41 s at 0.6)
+# 1 M-event trace 0.55 balanced the two best of 0.5, 0.52, 0.55, 0.58 and 0.6)
 _WORKER = "import sys; from mpguide.traces.trace import _work; _work(sys.argv[1:])"
+_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+"""The worker does no linear algebra: numpy's BLAS threads, started at import, would take
+0.1 s of CPU from this process's decoding."""
 
 
 def _load_halves(path: Path, args_of) -> list[Trace] | None:
@@ -731,7 +754,7 @@ def _with_worker(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=errors,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list), **_ONE_THREAD},
         )
         try:
             first = _piece(path, 0, cut, b"", head, args_of)
