@@ -775,7 +775,7 @@ def test_nesting_a_chunk_at_a_time_is_the_stack_nesting(spans, chunk):
         assert getattr(chunked.anomalies, key) == seen[key]
 
 
-def test_args_are_kept_as_written_and_an_empty_object_is_not_stored():
+def test_args_are_kept_as_written_and_none_is_not_stored():
     events = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
         {"ph": "X", "name": "none", "ts": 1, "dur": 1},
@@ -787,6 +787,6 @@ def test_args_are_kept_as_written_and_an_empty_object_is_not_stored():
     assert [e.name for e in loaded.events] == ["none", "empty", "list", "one"]
     assert loaded.other == {"M": 1}
     assert loaded.args.raws(np.arange(4)) == [b"{}", b"{}", b"[]", b'{"a":1}']
-    assert loaded.args.stored.tolist() == [2, 3]
+    assert loaded.args.stored.tolist() == [1, 2, 3]
     only = trace.parse(json.dumps({"traceEvents": events}).encode(), args_of="one".__eq__)
     assert only.args.raws(np.array([3])) == [b'{"a": 1}'] and only.args.stored.tolist() == [3]

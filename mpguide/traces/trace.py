@@ -44,7 +44,7 @@ import numpy as np
 
 from mpguide import MPGuideError, error_line
 from mpguide.traces import calltree
-from mpguide.traces.columns import CODE, EMPTY, Args, Coded, Flows, codes, matching, merged
+from mpguide.traces.columns import CODE, Args, Coded, Flows, codes, matching, merged
 from mpguide.traces.memory import (
     BYTES_PER_EVENT,
     available_memory,
@@ -76,6 +76,8 @@ class _File(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_File | list[Event])
+_NO_ARGS = _DECODER.decode(b'[{"ph":"X"}]')[0].args
+"""The ``args`` an event without them decodes to: one object that all of them share."""
 FLOW = "ac2g"
 PARALLEL_BYTES = 64 << 20
 """Plain traces at least this large are decoded in two processes."""
@@ -155,16 +157,12 @@ def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) 
     taken = _taken(complete, kept)
     raws = list(map(attrgetter("args"), events if taken is None else compress(events, taken)))
     del events
-    lengths = np.fromiter(map(len, raws), np.int64, len(raws))
-    has = lengths != len(EMPTY)  # of those as short as "{}", only "{}" is left out
-    if not has.all():
-        two = np.flatnonzero(~has).tolist()
-        has[two] = [bytes(raws[i]) != EMPTY for i in two]
+    has = np.fromiter(map(is_not, raws, repeat(_NO_ARGS)), bool, len(raws))
     stored = np.arange(n) if kept is None else np.flatnonzero(kept)
     if not has.all():
-        raws, stored, lengths = list(compress(raws, has.tolist())), stored[has], lengths[has]
+        raws, stored = list(compress(raws, has.tolist())), stored[has]
+    ends = np.cumsum(np.fromiter(map(len, raws), np.int64, len(raws)))
     dense = len(stored) == n
-    ends = np.cumsum(lengths)
     args = Args((b"".join(raws),), np.zeros(1, np.int64), ends, kept, None if dense else stored)
     return Trace(*coded, ts, dur, args, other, flows, source, replaced)
 
