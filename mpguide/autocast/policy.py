@@ -32,6 +32,7 @@ op's runs and class come from :mod:`mpguide.autocast.probing`, the hand-written 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -62,7 +63,7 @@ from mpguide.autocast.probing import (
     run,
 )
 from mpguide.core import device as _device
-from mpguide.core import dtypes
+from mpguide.core import dtypes, stored
 from mpguide.core.table import Table
 
 log = logging.getLogger(__name__)
@@ -212,10 +213,20 @@ def probe(
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
     build's dispatch rules (see :func:`mpguide.core.device.target`); the result says so. The
     registered ops on a real accelerator run in a child process (:mod:`~mpguide.autocast.isolated`):
-    an op that crashes it is listed as such and the probe goes on.
+    an op that crashes it is listed as such and the probe goes on. A simulated probe of the
+    registered ops is kept in ``$MPGUIDE_CACHE`` when that names a folder
+    (:mod:`mpguide.core.stored`).
     """
     dtype = dtypes.autocast_dtype(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
+    if ops is None and target.simulated:  # the same on every run of this build: kept
+        samples = importlib.util.find_spec("expecttest") is not None  # see catalogue.has_samples
+        key = (target.device.type, str(dtype), seed, samples)
+        return stored.kept("policy", key, lambda: _probe(target, dtype, None, seed))
+    return _probe(target, dtype, ops, seed)
+
+
+def _probe(target: _device.Target, dtype: torch.dtype, ops: Sequence[Op] | None, seed: int):
     isolate = ops is None and not target.simulated and target.device.type != "cpu"
     ops = registered() if ops is None else ops
     if isolate:

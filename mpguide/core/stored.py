@@ -1,0 +1,83 @@
+"""Results worth keeping between processes: a probe that takes seconds and gives the same
+answer on the same torch build and the same mpguide, asked again by another command or page.
+
+Nothing is kept unless ``$MPGUIDE_CACHE`` names a folder (the site's build sets it to
+``build/cache``). A result is kept there under a key of what it depends on, which always
+includes the torch build, the Python version and a hash of this package's source, so that a
+changed torch or mpguide computes it again. Processes that ask for one result at once take
+turns (a lock file per key): one computes, the others read. Results are pickled: the folder
+must be one you trust, as for any cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no locks, a result may be computed twice at once
+    fcntl = None
+
+ENV = "MPGUIDE_CACHE"
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@functools.cache
+def _source_hash() -> str:
+    """A hash of every Python file of the package (names and contents)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _folder() -> Path | None:
+    named = os.environ.get(ENV)
+    return Path(named) if named else None
+
+
+def kept(kind: str, key: tuple, compute: Callable[[], T]) -> T:
+    """``compute()``, or the result a process kept for the same ``kind`` and ``key`` (plus
+    the torch build, Python and mpguide source) in ``$MPGUIDE_CACHE``. Without that folder,
+    or where it cannot be written, ``compute()`` each time."""
+    folder = _folder()
+    if folder is None:
+        return compute()
+    whole = (kind, key, torch.__version__, torch.version.git_version, sys.version, _source_hash())
+    name = f"{kind}-{hashlib.sha256(repr(whole).encode()).hexdigest()[:24]}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = (folder / f"{name}.lock").open("w")
+    except OSError as err:
+        log.info("%s: not kept: %s", folder, err)
+        return compute()
+    with lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        path = folder / f"{name}.pickle"
+        try:
+            with path.open("rb") as f:
+                return pickle.load(f)
+        except FileNotFoundError:
+            pass
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as err:
+            log.info("%s: computed again: %s", path, err)
+        value = compute()
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as out:
+            pickle.dump(value, out)
+        os.replace(out.name, path)
+        return value
