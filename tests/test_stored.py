@@ -70,18 +70,21 @@ def test_processes_asking_at_once_take_turns(tmp_path):
     assert out.read_text() == "computed\n"
 
 
-@pytest.mark.slow  # probes every registered op, simulated
-def test_a_simulated_policy_is_kept_and_a_live_one_is_not(tmp_path, monkeypatch):
+@pytest.mark.slow  # probes every registered op, simulated and on the CPU
+def test_a_policy_of_every_op_is_kept_and_one_of_chosen_ops_is_not(tmp_path, monkeypatch):
     monkeypatch.setenv(stored.ENV, str(tmp_path))
+    first = [policy.probe("cuda", torch.bfloat16, simulate=True), policy.probe("cpu")]
+    assert [p.how for p in first] == [device.SIMULATED, device.LIVE]
+    with monkeypatch.context() as m:
+        m.setattr(policy, "probe_op", None)  # a probe that probed again would fail
+        again = [policy.probe("cuda", torch.bfloat16, simulate=True), policy.probe("cpu")]
+    for a, b in zip(first, again, strict=True):
+        assert (a.how, a.caption) == (b.how, b.caption)
+        assert [(p.op, p.kind, p.note) for p in a.probes] == [
+            (p.op, p.kind, p.note) for p in b.probes
+        ]
+    assert len(list(tmp_path.glob("policy-*.pickle"))) == 2
     ops = policy.registered()[:3]
-    first = policy.probe("cuda", torch.bfloat16, simulate=True)
-    assert first.how == device.SIMULATED
-    monkeypatch.setattr(policy, "probe_op", None)  # a second probe that probed would fail
-    again = policy.probe("cuda", torch.bfloat16, simulate=True)
-    assert [(p.op, p.kind) for p in again.probes] == [(p.op, p.kind) for p in first.probes]
-    assert len(list(tmp_path.glob("policy-*.pickle"))) == 1
-    monkeypatch.undo()
-    monkeypatch.setenv(stored.ENV, str(tmp_path))
     policy.probe("cpu", torch.bfloat16, ops=ops)
     policy.probe("cuda", torch.bfloat16, ops=ops, simulate=True)
-    assert len(list(tmp_path.glob("policy-*.pickle"))) == 1
+    assert len(list(tmp_path.glob("policy-*.pickle"))) == 2

@@ -213,15 +213,16 @@ def probe(
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
     build's dispatch rules (see :func:`mpguide.core.device.target`); the result says so. The
     registered ops on a real accelerator run in a child process (:mod:`~mpguide.autocast.isolated`):
-    an op that crashes it is listed as such and the probe goes on. A simulated probe of the
-    registered ops is kept in ``$MPGUIDE_CACHE`` when that names a folder
+    an op that crashes it is listed as such and the probe goes on. A simulated or CPU probe of
+    the registered ops is kept in ``$MPGUIDE_CACHE`` when that names a folder
     (:mod:`mpguide.core.stored`).
     """
     dtype = dtypes.autocast_dtype(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
-    if ops is None and target.simulated:  # the same on every run of this build: kept
+    if ops is None and (target.simulated or target.device.type == "cpu"):
+        # The same on every run of this build on this machine: kept (GPUs are probed afresh).
         samples = importlib.util.find_spec("expecttest") is not None  # see catalogue.has_samples
-        key = (target.device.type, str(dtype), seed, samples)
+        key = (target.device.type, target.simulated, str(dtype), seed, samples)
         return stored.kept("policy", key, lambda: _probe(target, dtype, None, seed))
     return _probe(target, dtype, ops, seed)
 

@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_map
 
 from mpguide import MPGuideError
 from mpguide.core import dtypes as _dtypes
+from mpguide.core import stored
 
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -169,8 +170,11 @@ def _carries_autocast(dev_type: str) -> bool:
 @functools.cache
 def simulated_types() -> tuple[str, ...]:
     """The device types whose autocast this build can run on fake tensors: those with autocast
-    kernels whose tensors carry the autocast dispatch key (cpu first, then cuda)."""
-    return tuple(t for t in autocast_kernels() if _carries_autocast(t))
+    kernels whose tensors carry the autocast dispatch key (cpu first, then cuda); kept in
+    ``$MPGUIDE_CACHE`` when that names a folder (finding them imports torch._dynamo)."""
+    return stored.kept(
+        "simulated_types", (), lambda: tuple(t for t in autocast_kernels() if _carries_autocast(t))
+    )
 
 
 def present(dev_type: str) -> bool:

@@ -3,8 +3,8 @@ answer on the same torch build and the same mpguide, asked again by another comm
 
 Nothing is kept unless ``$MPGUIDE_CACHE`` names a folder (the site's build sets it to
 ``build/cache``). A result is kept there under a key of what it depends on, which always
-includes the torch build, the Python version and a hash of this package's source, so that a
-changed torch or mpguide computes it again. Processes that ask for one result at once take
+includes the torch build, the Python version, the machine and a hash of this package's
+source, so that a changed torch, machine or mpguide computes it again. Processes that ask for one result at once take
 turns (a lock file per key): one computes, the others read. Results are pickled: the folder
 must be one you trust, as for any cache.
 """
@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import pickle
+import platform
 import sys
 import tempfile
 from collections.abc import Callable
@@ -57,7 +58,9 @@ def kept(kind: str, key: tuple, compute: Callable[[], T]) -> T:
     folder = _folder()
     if folder is None:
         return compute()
-    whole = (kind, key, torch.__version__, torch.version.git_version, sys.version, _source_hash())
+    machine = (platform.node(), platform.machine(), platform.processor())
+    whole = (kind, key, torch.__version__, torch.version.git_version, sys.version, machine)
+    whole += (_source_hash(),)
     name = f"{kind}-{hashlib.sha256(repr(whole).encode()).hexdigest()[:24]}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
