@@ -4,9 +4,9 @@ answer on the same torch build and the same mpguide, asked again by another comm
 Nothing is kept unless ``$MPGUIDE_CACHE`` names a folder (the site's build sets it to
 ``build/cache``). A result is kept there under a key of what it depends on, which always
 includes the torch build, the Python version, the machine and a hash of this package's
-source, so that a changed torch, machine or mpguide computes it again. Processes that ask for one result at once take
-turns (a lock file per key): one computes, the others read. Results are pickled: the folder
-must be one you trust, as for any cache.
+source, so that a changed torch, machine or mpguide computes it again. Processes that ask
+for one result at once take turns (a lock file per key): one computes, the others read.
+Results are pickled: the folder must be one you trust, as for any cache.
 """
 
 from __future__ import annotations
