@@ -58,7 +58,7 @@ def kept(kind: str, key: tuple, compute: Callable[[], T]) -> T:
     folder = _folder()
     if folder is None:
         return compute()
-    machine = (platform.node(), platform.machine(), platform.processor())
+    machine = (platform.node(), platform.machine())  # not processor(): a subprocess on Linux
     whole = (kind, key, torch.__version__, torch.version.git_version, sys.version, machine)
     whole += (_source_hash(),)
     name = f"{kind}-{hashlib.sha256(repr(whole).encode()).hexdigest()[:24]}"

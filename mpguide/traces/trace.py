@@ -159,12 +159,12 @@ def _columns(events: list[Event], source: str, replaced: int = 0, args_of=None) 
     del events
     lengths = np.fromiter(map(len, raws), np.int64, len(raws))
     has = lengths != len(_NO_ARGS)  # of the args as short as "{}", those an event had are kept
+    stored = np.arange(n) if kept is None else np.flatnonzero(kept)
     if not has.all():
         short = compress(raws, (~has).tolist())
         has[~has] = np.fromiter(map(is_not, short, repeat(_NO_ARGS)), bool, len(has) - has.sum())
-    stored = np.arange(n) if kept is None else np.flatnonzero(kept)
-    if not has.all():
-        raws, stored, lengths = list(compress(raws, has.tolist())), stored[has], lengths[has]
+        if not has.all():
+            raws, stored, lengths = list(compress(raws, has.tolist())), stored[has], lengths[has]
     ends = np.cumsum(lengths)
     dense = len(stored) == n
     args = Args((b"".join(raws),), np.zeros(1, np.int64), ends, kept, None if dense else stored)
