@@ -1,0 +1,160 @@
+"""``python -m mpguide`` run many times by one page without importing torch each time.
+
+One server process imports torch and the command line once; each command then runs in a
+process forked from it, as ``python -m`` runs a package: its own arguments, working folder
+(first on the module search path), environment and exit status; stdin from /dev/null, stdout
+and stderr each to a file. What a command prints is what ``python -m mpguide`` prints (the
+first frames of a traceback aside; tests/test_forked_cli.py compares the two); only torch's
+import (about 2.5 s of CPU on this project's build machine) is not repeated. Where the imports
+print anything, which a fresh process would show, or a command's environment differs from the
+server's in more than ``COLUMNS``, the command runs as a plain subprocess instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+from pathlib import Path
+
+_READ_LATER = {"COLUMNS"}
+"""Variables read when a command runs, not when torch is imported: free to differ."""
+
+
+class _Server:
+    def __init__(self):
+        self.env = dict(os.environ)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+        )
+        self.quiet = self._answer()["quiet"]
+
+    def _answer(self) -> dict:
+        return json.loads(self.proc.stdout.readline())
+
+    def takes(self, env: dict[str, str]) -> bool:
+        differs = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        return self.quiet and not differs - _READ_LATER
+
+    def run(self, args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+        self.proc.stdin.write(json.dumps({"args": args, "env": env, "cwd": os.getcwd()}) + "\n")
+        self.proc.stdin.flush()
+        done = self._answer()
+        return done["status"], done["stdout"], done["stderr"]
+
+
+_server: _Server | None = None
+
+
+def run(*args: str, columns: int | None = None, check: bool = False):
+    """Run ``python -m mpguide ARGS`` in the current folder, ``COLUMNS`` set to ``columns`` when
+    given; return the :class:`subprocess.CompletedProcess`, stdout and stderr as text."""
+    global _server
+    env = dict(os.environ)
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    cmd = [sys.executable, "-m", "mpguide", *args]
+    _server = _server or _Server()
+    if not _server.takes(env):
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, check=check)
+    proc = subprocess.CompletedProcess(cmd, *_server.run(list(args), env))
+    if check:
+        proc.check_returncode()
+    return proc
+
+
+def _serve() -> None:
+    """Import torch and the command line, say whether that printed anything, then run each
+    command read from stdin (one JSON line) in a forked child, answering one JSON line each."""
+    filters = warnings.filters[:]  # a fresh process's, given back to each child
+    # Python 3.12 warns on forking a process with threads (numpy's BLAS starts some at import);
+    # each child is forked before it runs anything, as a fresh process starts.
+    warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    folder = tempfile.mkdtemp(prefix="mpguide-cli-")
+    streams = (os.devnull, os.path.join(folder, "stdout"), os.path.join(folder, "stderr"))
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    _redirect(streams)
+    import torch  # noqa: F401
+
+    import mpguide.cli  # noqa: F401
+
+    _flush()
+    for fd, old in enumerate(saved):
+        os.dup2(old, fd)
+        os.close(old)
+    quiet = not any(os.path.getsize(path) for path in streams[1:])
+    _answer(answers, quiet=quiet)
+    for line in sys.stdin:
+        pid = os.fork()
+        if pid == 0:
+            warnings.filters[:] = filters
+            _child(json.loads(line), streams)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        out, err = (
+            Path(path).read_text(encoding="utf-8", errors="replace") for path in streams[1:]
+        )
+        _answer(answers, status=status, stdout=out, stderr=err)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answer(stream, **fields) -> None:
+    stream.write(json.dumps(fields) + "\n")
+    stream.flush()
+
+
+def _redirect(streams: tuple[str, str, str]) -> None:
+    """File descriptors 0, 1 and 2 to ``streams``: stdin read from the first, the others
+    written afresh."""
+    for fd, path in enumerate(streams):
+        opened = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(opened, fd)
+        os.close(opened)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+
+
+def _child(job: dict, streams: tuple[str, str, str]) -> None:
+    """Run one command as ``python -m mpguide`` runs in a fresh process, then end."""
+    status = 0
+    try:
+        _redirect(streams)
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        sys.path[0] = job["cwd"]
+        sys.argv = ["-m", *job["args"]]
+        runpy.run_module("mpguide", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            status = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            status = 1
+    except BaseException:  # noqa: BLE001 - printed as the interpreter prints it
+        traceback.print_exc()
+        status = 1
+    finally:
+        atexit._run_exitfuncs()
+        _flush()
+        os._exit(status)
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,73 @@
+"""The docs' forked command line (docs/forked_cli.py) prints what ``python -m mpguide`` prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+
+import forked_cli
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+
+MINE = """import torch
+
+
+def double(x):
+    return x * 2
+"""
+
+
+def _plain(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    cmd = [sys.executable, "-m", "mpguide", *args]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+
+
+@pytest.mark.slow  # two interpreters per command, a compile among them
+@pytest.mark.parametrize(
+    ("args", "columns"),
+    [
+        (("--help",), None),
+        (("formats",), 60),
+        (("policy", "--device", "tpu"), 100),
+        (("graph", "mine.py:double", "--inputs", "f32[4]"), 100),
+        (("graph", "mine.py:nope", "--inputs", "f32[4]"), None),
+        (("model", "mine"), 80),
+    ],
+)
+def test_prints_what_python_m_prints(tmp_path, monkeypatch, args, columns):
+    (tmp_path / "mine.py").write_text(MINE)
+    monkeypatch.chdir(tmp_path)  # the reader's folder: mine.py is found there
+    forked = forked_cli.run(*args, columns=columns)
+    plain = _plain(*args, columns=columns)
+    assert forked_cli._server is not None and forked_cli._server.quiet  # it ran forked
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        plain.returncode,
+        plain.stdout,
+        plain.stderr,
+    )
+    assert forked.stdout or forked.stderr
+
+
+def test_another_environment_runs_as_a_subprocess(monkeypatch):
+    forked_cli.run("--help")  # the server started
+    monkeypatch.setenv("MPGUIDE_FORKED_TEST", "1")
+    assert not forked_cli._server.takes(dict(os.environ))
+    assert forked_cli._server.takes({**forked_cli._server.env, "COLUMNS": "40"})
+    assert forked_cli.run("--help").stdout == _plain("--help").stdout
+
+
+def test_check_raises_on_an_error_status(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(subprocess.CalledProcessError) as caught:
+        forked_cli.run("policy", "--device", "tpu", check=True)
+    assert caught.value.returncode == 2
