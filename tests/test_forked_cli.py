@@ -13,7 +13,8 @@ sys.path.insert(0, str(ROOT / "docs"))
 
 import forked_cli
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+# Each test starts interpreters (the server, python -m mpguide) that import torch.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")]
 
 MINE = """import torch
 
@@ -31,7 +32,6 @@ def _plain(*args: str, columns: int | None = None) -> subprocess.CompletedProces
     return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
 
 
-@pytest.mark.slow  # two interpreters per command, a compile among them
 @pytest.mark.parametrize(
     ("args", "columns"),
     [
