@@ -193,7 +193,10 @@ def cluster():
     with (
         dask.config.set(once),
         distributed.LocalCluster(
-            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+            n_workers=2,
+            processes=True,
+            threads_per_worker=1,
+            dashboard_address=":0",  # any free port
         ) as local,
     ):
         yield local

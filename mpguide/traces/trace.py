@@ -4,8 +4,8 @@
 with a typed decoder into one array per field (:class:`Trace`); each event's ``args`` stay
 undecoded bytes until a node's fields are asked for, and ``args_of`` keeps only those a tool
 reads. A large plain ``.json`` is cut at an event boundary near its middle and the two parts
-are read at once, here and in a worker process. Every byte is read once, and memory stays
-bounded on any input: a document is refused when it does not start with ``{`` or ``[``,
+are read at once, here and in a worker process (:mod:`mpguide.traces.halves`). Every byte is
+read once, and memory stays bounded on any input: a document is refused when it does not start with ``{`` or ``[``,
 when it is larger than a cap (:data:`MAX_BYTES` by default, decompressed), when no event
 boundary comes in a few pieces, or when it nests deeper than the decoder goes; a boundary
 found inside an event's ``args`` is passed over. Bytes that are not UTF-8 are replaced by
@@ -19,20 +19,15 @@ import codecs
 import gc
 import gzip
 import io
-import logging
 import math
 import os
 import pickle
 import re
-import signal
 import stat
-import subprocess
-import sys
-import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter, is_not
@@ -42,7 +37,7 @@ from typing import BinaryIO
 import msgspec
 import numpy as np
 
-from mpguide import MPGuideError, error_line
+from mpguide import MPGuideError
 from mpguide.traces import calltree
 from mpguide.traces.columns import CODE, Args, Coded, Flows, codes, matching, merged
 from mpguide.traces.memory import (
@@ -526,9 +521,11 @@ def load(
         if plain:
             check_memory(str(path), count_events(path))
         if plain and size >= PARALLEL_BYTES:
-            halves = _load_halves(path, args_of)
-            if halves is not None:
-                return _events_in(_joined(halves, str(path)))
+            from mpguide.traces import halves
+
+            parts = halves.read(path, args_of)
+            if parts is not None:
+                return _events_in(_joined(parts, str(path)))
     with _filler(source, max_bytes=max_bytes) as fill:
         return _events_in(_streamed(fill, b"", b"", _name(source), args_of))
 
@@ -556,6 +553,8 @@ def _pickled(args_of: Callable[[str], bool] | None) -> bytes:
 # one inside an event's args leaves that part unclosed.
 _BOUNDARY = re.compile(rb'\}\s*,\s*(\{)\s*"\w+"\s*:')
 _PIECE = 16 << 20
+_WINDOW = 1 << 20
+"""Bytes searched for an event boundary near a cut."""
 _HELD = 4
 """The most bytes held while no event boundary comes, in pieces."""
 _TRIES = 3
@@ -702,113 +701,3 @@ def _streamed(fill: Callable, first: bytes, last: bytes, where: str, args_of=Non
         raise MPGuideError(_message(where, err.cause, events_before, base)) from None
     check_memory(where, events_before + _count(parts[-1]), may)  # the tree is still to build
     return parts[0] if len(parts) == 1 else _joined(parts, where)
-
-
-log = logging.getLogger(__name__)
-
-_WINDOW = 1 << 20
-_SHARE = 0.55  # of the file decoded here (the worker first starts Python and imports; on a
-# 1 M-event trace 0.55 balanced the two best of 0.5, 0.52, 0.55, 0.58 and 0.6)
-_WORKER = "import sys; from mpguide.traces.trace import _work; _work(sys.argv[1:])"
-_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-"""The worker does no linear algebra: numpy's BLAS threads, started at import, would take
-0.1 s of CPU from this process's decoding."""
-
-
-def _load_halves(path: Path, args_of) -> list[Trace] | None:
-    """Decode the first part of ``path`` here while a worker process decodes the rest; None
-    when no event boundary is found near the cut or a part does not decode."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        bracketed = f.read(_WINDOW).lstrip(b" \t\r\n" + _UTF8_BOM)[:1] == b"["
-        f.seek(middle := int(size * _SHARE))
-        found = _BOUNDARY.search(f.read(_WINDOW))
-    if found is None or not sys.executable:
-        log.info("%s: decoded in one piece: no event boundary near the cut", path)
-        return None
-    cut, start = middle + found.start() + 1, middle + found.start(1)
-    head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
-    try:
-        return _with_worker(path, cut, start, head, tail, args_of)
-    except (OSError, EOFError, pickle.UnpicklingError) as err:
-        # No temporary file, no worker or an unreadable result: one piece, and why.
-        log.info("%s: decoded in one piece: the worker failed: %s", path, error_line(err))
-        return None
-
-
-def _with_worker(
-    path: Path, cut: int, start: int, head: bytes, tail: bytes, args_of
-) -> list[Trace] | None:
-    """Bytes ``:cut`` of ``path`` closed by ``head`` decoded here, and bytes ``start:``
-    opened by ``tail`` in a worker; None if either does not decode.
-
-    The worker writes its part and its errors to temporary files that have no name, so that
-    nothing is left on disk however this process ends; it is killed when this process
-    leaves early (an error, or a signal that :mod:`mpguide.cli` turns into one), and by
-    Linux when this process dies."""
-    keep = _pickled(args_of).hex()
-    package = str(Path(__file__).resolve().parents[2])
-    path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
-    argv = [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(os.getpid())]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as errors:
-        worker = subprocess.Popen(
-            [*argv, keep],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=errors,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list), **_ONE_THREAD},
-        )
-        try:
-            first = _piece(path, 0, cut, b"", head, args_of)
-            status = None if first is None else worker.wait()
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-        if first is None:
-            log.info("%s: decoded in one piece: the first part does not decode alone", path)
-            return None
-        if status != 0:
-            errors.seek(0)
-            said = errors.read().decode(errors="replace").strip().splitlines()
-            said = said or ["nothing on stderr"]
-            log.info("%s: decoded in one piece: the worker exited %d: %s", path, status, said[-1])
-            return None
-        out.seek(0)
-        return [first, pickle.load(out)]
-
-
-def _piece(path: Path, start: int, stop, before: bytes, after: bytes, args_of) -> Trace | None:
-    """Columns of the events in bytes ``start:stop`` of ``path``, framed by ``before`` and
-    ``after`` into a document of their own; None if that is not a chrome trace."""
-    try:
-        with _filler(path, start, stop) as fill:
-            return _streamed(fill, before, after, str(path), args_of)
-    except MPGuideError:
-        return None
-
-
-def _die_with(parent: int) -> None:
-    """Have Linux kill this process when its parent dies; end now if it has already."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with suppress(AttributeError, OSError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        raise SystemExit(1)
-
-
-def _work(argv: list[str]) -> None:
-    """The worker of :func:`_load_halves`: the columns of the events from byte ``start`` to
-    the end of file ``path``, framed by ``before``, pickled to stdout; ``parent`` is the
-    pid of the process that started it, ``keep`` the pickled ``args_of``."""
-    path, start, before, parent, keep = argv
-    _die_with(int(parent))
-    args_of = pickle.loads(bytes.fromhex(keep))
-    with paused_gc():
-        part = _piece(Path(path), int(start), None, before.encode(), b"", args_of)
-    if part is None:
-        raise SystemExit("the second part does not decode alone")
-    pickle.dump(part, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
-    sys.stdout.buffer.flush()
