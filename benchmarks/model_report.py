@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
 import datetime
 import json
 import os
 import platform
+import pstats
 import shlex
 import statistics
 import sys
@@ -130,6 +132,12 @@ def main(argv: list[str]) -> None:
         default=ROOT / "docs" / "benchmarks" / "model_report.json",
         help="where the results go (default: %(default)s)",
     )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="also profile one report after the rounds (cProfile): the stats to this file, "
+        "the 40 costliest calls by cumulative time beside it (.txt)",
+    )
     args = p.parse_args(argv)
     dev = device.resolve(args.device)
     low = dtypes.autocast_dtype(args.autocast)
@@ -204,6 +212,20 @@ def main(argv: list[str]) -> None:
     for name, s in record["ratio"].items():
         print(f"{name}: {s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]")
     print(f"written to {args.out}")
+    if args.profile:
+        profile(tasks["report"], sync, args.profile)
+
+
+def profile(report, sync, path: Path) -> None:
+    """One report under cProfile, the device synchronised before it ends (time a GPU spends
+    waiting on the report's own reads of results shows in the calls that read them)."""
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: (report(), sync()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(path)
+    with path.with_suffix(".txt").open("w") as f:
+        pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
+    print(f"profile written to {path} and {path.with_suffix('.txt')}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 # packages it lacks travel as wheels in .whl/ (made here by `bash docs/gpu_wheels.sh`). Outputs
 # land in $OUT (default build/gpu_run): the recording (docs/recorded/), the GPU tests' log, one
 # training step's CUDA trace (tests/data/gpu/), the model report's benchmark (docs/benchmarks/)
-# and the provenance of the run. Rehearse it on a
+# with a profile of one report (.prof, .txt), and the provenance of the run. Rehearse it on a
 # CPU with `bash docs/gpu_run.sh --allow-cpu`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +46,6 @@ step gpu_tests 120 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider tests
 dev=cuda
 [[ ${#allow[@]} -gt 0 ]] && dev=cpu
 step model_report 90 "$PY" benchmarks/model_report.py --device "$dev" --repeat 5 \
-  --out "$OUT/model_report_$dev.json"
+  --out "$OUT/model_report_$dev.json" --profile "$OUT/model_report_$dev.prof"
 cat "$OUT/provenance.log"
 exit $status
