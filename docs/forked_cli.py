@@ -66,8 +66,9 @@ def run(*args: str, columns: int | None = None, check: bool = False):
     if columns is not None:
         env["COLUMNS"] = str(columns)
     cmd = [sys.executable, "-m", "mpguide", *args]
-    _server = _server or _Server()
-    if not _server.takes(env):
+    if hasattr(os, "fork"):  # not on Windows
+        _server = _server or _Server()
+    if _server is None or not _server.takes(env):
         return subprocess.run(cmd, capture_output=True, text=True, env=env, check=check)
     proc = subprocess.CompletedProcess(cmd, *_server.run(list(args), env))
     if check:
