@@ -40,6 +40,13 @@ class _Server:
             encoding="utf-8",
         )
         self.quiet = self._answer()["quiet"]
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the server: it reads the end of its input and returns."""
+        self.proc.stdin.close()
+        self.proc.wait()
+        self.proc.stdout.close()
 
     def _answer(self) -> dict:
         return json.loads(self.proc.stdout.readline())
