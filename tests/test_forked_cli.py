@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, mpguide_process
 
 sys.path.insert(0, str(ROOT / "docs"))
 
@@ -16,20 +16,24 @@ import forked_cli
 # Each test starts interpreters (the server, python -m mpguide) that import torch.
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")]
 
+
+@pytest.fixture(autouse=True)
+def server(monkeypatch):
+    """A server started by the test, in its environment (pytest names the running test in
+    ``PYTEST_CURRENT_TEST``: a server of an earlier test would hand every command to a plain
+    subprocess), ended after it."""
+    monkeypatch.setattr(forked_cli, "_server", None)
+    yield
+    if forked_cli._server is not None:
+        forked_cli._server.close()
+
+
 MINE = """import torch
 
 
 def double(x):
     return x * 2
 """
-
-
-def _plain(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if columns is not None:
-        env["COLUMNS"] = str(columns)
-    cmd = [sys.executable, "-m", "mpguide", *args]
-    return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
 
 
 @pytest.mark.parametrize(
@@ -45,10 +49,14 @@ def _plain(*args: str, columns: int | None = None) -> subprocess.CompletedProces
 )
 def test_prints_what_python_m_prints(tmp_path, monkeypatch, args, columns):
     (tmp_path / "mine.py").write_text(MINE)
+    forked_cli.run("--help")  # the server starts in another folder than the reader's
     monkeypatch.chdir(tmp_path)  # the reader's folder: mine.py is found there
     forked = forked_cli.run(*args, columns=columns)
-    plain = _plain(*args, columns=columns)
+    if columns is not None:
+        monkeypatch.setenv("COLUMNS", str(columns))
+    plain = mpguide_process(*args)
     assert forked_cli._server is not None and forked_cli._server.quiet  # it ran forked
+    assert forked_cli._server.takes(dict(os.environ))
     assert (forked.returncode, forked.stdout, forked.stderr) == (
         plain.returncode,
         plain.stdout,
@@ -62,7 +70,7 @@ def test_another_environment_runs_as_a_subprocess(monkeypatch):
     monkeypatch.setenv("MPGUIDE_FORKED_TEST", "1")
     assert not forked_cli._server.takes(dict(os.environ))
     assert forked_cli._server.takes({**forked_cli._server.env, "COLUMNS": "40"})
-    assert forked_cli.run("--help").stdout == _plain("--help").stdout
+    assert forked_cli.run("--help").stdout == mpguide_process("--help").stdout
 
 
 def test_check_raises_on_an_error_status(tmp_path, monkeypatch):
