@@ -5,11 +5,11 @@ with a typed decoder into one array per field (:class:`Trace`); each event's ``a
 undecoded bytes until a node's fields are asked for, and ``args_of`` keeps only those a tool
 reads. A large plain ``.json`` is cut at an event boundary near its middle and the two parts
 are read at once, here and in a worker process (:mod:`mpguide.traces.halves`). Every byte is
-read once, and memory stays bounded on any input: a document is refused when it does not start with ``{`` or ``[``,
-when it is larger than a cap (:data:`MAX_BYTES` by default, decompressed), when no event
-boundary comes in a few pieces, or when it nests deeper than the decoder goes; a boundary
-found inside an event's ``args`` is passed over. Bytes that are not UTF-8 are replaced by
-U+FFFD and counted. :meth:`Trace.tree` nests the events into call trees
+read once, and memory stays bounded on any input: a document is refused when it does not start
+with ``{`` or ``[``, when it is larger than a cap (:data:`MAX_BYTES` by default, decompressed),
+when no event boundary comes in a few pieces, or when it nests deeper than the decoder goes; a
+boundary found inside an event's ``args`` is passed over. Bytes that are not UTF-8 are replaced
+by U+FFFD and counted. :meth:`Trace.tree` nests the events into call trees
 (:mod:`mpguide.traces.calltree`).
 """
 
