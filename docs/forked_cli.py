@@ -1,9 +1,9 @@
 """``python -m mpguide`` run many times by one page without importing torch each time.
 
-One server process imports torch and the command line once; each command then runs in a
-process forked from it, as ``python -m`` runs a package: its own arguments, working folder
-(first on the module search path), environment and exit status; stdin from /dev/null, stdout
-and stderr each to a file. What a command prints is what ``python -m mpguide`` prints (the
+One server process imports torch and the command line once; each command then runs in a process
+forked from it, as ``python -m`` runs a package: its own arguments, working folder (first on
+the module search path), environment and exit status; stdin from /dev/null, stdout and stderr
+each to a file without a name. What a command prints is what ``python -m mpguide`` prints (the
 first frames of a traceback aside; tests/test_forked_cli.py compares the two); only torch's
 import (about 2.5 s of CPU on this project's build machine) is not repeated. Where the imports
 print anything, which a fresh process would show, or a command's environment differs from the
@@ -17,13 +17,12 @@ import contextlib
 import json
 import os
 import runpy
-import shutil
 import subprocess
 import sys
 import tempfile
 import traceback
 import warnings
-from pathlib import Path
+from collections.abc import Sequence
 
 _READ_LATER = {"COLUMNS"}
 """Variables read when a command runs, not when torch is imported: free to differ."""
@@ -85,37 +84,44 @@ def run(*args: str, columns: int | None = None, check: bool = False):
 
 def _serve() -> None:
     """Import torch and the command line, say whether that printed anything, then run each
-    command read from stdin (one JSON line) in a forked child, answering one JSON line each."""
+    command read from stdin (one JSON line) in a forked child, answering one JSON line each.
+    The output goes to temporary files without a name: nothing is left on disk however this
+    process ends."""
     filters = warnings.filters[:]  # a fresh process's, given back to each child
     # Python 3.12 warns on forking a process with threads (numpy's BLAS starts some at import);
     # each child is forked before it runs anything, as a fresh process starts.
     warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    folder = tempfile.mkdtemp(prefix="mpguide-cli-")
-    streams = (os.devnull, os.path.join(folder, "stdout"), os.path.join(folder, "stderr"))
-    saved = [os.dup(fd) for fd in (0, 1, 2)]
-    _redirect(streams)
-    import torch  # noqa: F401
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        streams = (os.open(os.devnull, os.O_RDONLY), out.fileno(), err.fileno())
+        saved = [os.dup(fd) for fd in (0, 1, 2)]
+        _redirect(streams)
+        import torch  # noqa: F401
 
-    import mpguide.cli  # noqa: F401
+        import mpguide.cli  # noqa: F401
 
-    _flush()
-    for fd, old in enumerate(saved):
-        os.dup2(old, fd)
-        os.close(old)
-    quiet = not any(os.path.getsize(path) for path in streams[1:])
-    _answer(answers, quiet=quiet)
-    for line in sys.stdin:
-        pid = os.fork()
-        if pid == 0:
-            warnings.filters[:] = filters
-            _child(json.loads(line), streams)
-        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        out, err = (
-            Path(path).read_text(encoding="utf-8", errors="replace") for path in streams[1:]
-        )
-        _answer(answers, status=status, stdout=out, stderr=err)
-    shutil.rmtree(folder, ignore_errors=True)
+        _flush()
+        _redirect(saved)
+        for fd in saved:
+            os.close(fd)
+        _answer(answers, quiet=not any(f.seek(0, os.SEEK_END) for f in (out, err)))
+        for line in sys.stdin:
+            for f in (out, err):
+                f.seek(0)
+                f.truncate()
+            pid = os.fork()
+            if pid == 0:
+                warnings.filters[:] = filters
+                _child(json.loads(line), streams)
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            out.seek(0)
+            err.seek(0)
+            _answer(
+                answers,
+                status=status,
+                stdout=out.read().decode("utf-8", errors="replace"),
+                stderr=err.read().decode("utf-8", errors="replace"),
+            )
 
 
 def _answer(stream, **fields) -> None:
@@ -123,13 +129,10 @@ def _answer(stream, **fields) -> None:
     stream.flush()
 
 
-def _redirect(streams: tuple[str, str, str]) -> None:
-    """File descriptors 0, 1 and 2 to ``streams``: stdin read from the first, the others
-    written afresh."""
-    for fd, path in enumerate(streams):
-        opened = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(opened, fd)
-        os.close(opened)
+def _redirect(fds: Sequence[int]) -> None:
+    """File descriptors 0, 1 and 2 made copies of ``fds``."""
+    for fd, source in enumerate(fds):
+        os.dup2(source, fd)
 
 
 def _flush() -> None:
@@ -138,7 +141,7 @@ def _flush() -> None:
             stream.flush()
 
 
-def _child(job: dict, streams: tuple[str, str, str]) -> None:
+def _child(job: dict, streams: Sequence[int]) -> None:
     """Run one command as ``python -m mpguide`` runs in a fresh process, then end."""
     status = 0
     try:
