@@ -254,7 +254,7 @@ def versions(session: nox.Session) -> None:
             session.run(
                 python,
                 "-m",
-                "mpguide.core.version_probes",
+                "mpguide.versions.probes",
                 "--out",
                 str(out),
                 *rest,

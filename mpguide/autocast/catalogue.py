@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mpguide.autocast.policy import Inputs, Op
+from mpguide.autocast.calls import Inputs, Op
+from mpguide.core.device import NEEDS_HARDWARE
 from mpguide.core.table import Table
 
 _KERNEL = re.compile(r"^Autocast(\w+): registered at .*\[kernel\]$", re.MULTILINE)
@@ -336,8 +337,6 @@ def coverage(policies) -> Table:
     :class:`~mpguide.autocast.policy.Devices`): how many ops it registers an autocast kernel
     for (and overloads), how many of those were probed and how many the probe decided; and of
     every op probed there (those registered on other devices too), how many were decided."""
-    from mpguide.autocast.policy import NEEDS_HARDWARE
-
     rows = []
     for p in policies.policies:
         names = on(p.device)

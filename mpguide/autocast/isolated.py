@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from mpguide.autocast import catalogue
 from mpguide.autocast.calls import Op
 from mpguide.autocast.probing import UNSUPPORTED, Probe, Run, probe_op
 from mpguide.core import device as _device
@@ -27,8 +28,6 @@ from mpguide.core import dtypes
 
 def _child() -> None:
     """Probe the ops named on stdin, writing a pickled ``(kind, value)`` per event to stdout."""
-    from mpguide.autocast import catalogue
-
     faulthandler.enable()  # a crash prints the Python stack on stderr
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the ops print goes to stderr, not into the stream

@@ -41,7 +41,7 @@ from html import escape
 
 import torch
 
-from mpguide.autocast import isolated
+from mpguide.autocast import catalogue, isolated
 from mpguide.autocast.calls import CATALOGUE, Inputs, Op
 from mpguide.autocast.probing import (
     CLASSES,
@@ -196,8 +196,6 @@ def _out(r: Run | None, undecided: bool = False) -> str:
 def registered() -> tuple[Op, ...]:
     """A probe call for every op this build registers an autocast kernel for that has one
     (see :mod:`mpguide.autocast.catalogue`)."""
-    from mpguide.autocast import catalogue
-
     return catalogue.ops()
 
 

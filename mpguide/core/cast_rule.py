@@ -15,8 +15,6 @@ def is_cast(source: Any, target: Any) -> bool:
 
 
 def _name(dtype: Any) -> str:
-    if isinstance(dtype, str):
-        return dtype
-    from mpguide.core.dtypes import name  # a torch.dtype: torch is loaded already
-
-    return name(dtype)
+    """``torch.bfloat16`` or ``'bfloat16'`` -> ``'bfloat16'``, as :func:`mpguide.core.dtypes.name`
+    spells a dtype, without importing torch."""
+    return str(dtype).removeprefix("torch.")

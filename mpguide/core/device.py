@@ -59,7 +59,7 @@ def resolve(name: str) -> torch.device:
     return dev
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -105,7 +105,7 @@ def describe(dev: torch.device | str | None = None) -> Machine:
             f"{props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
         )
     else:
-        name = _cpu_name()
+        name = cpu_name()
         detail = (
             f"{torch.get_num_threads()} threads, {platform.machine()}, "
             f"{'no CUDA build' if torch.version.cuda is None else f'CUDA {torch.version.cuda} build'}"
@@ -218,7 +218,7 @@ class Target:
             name="simulated",
             torch=torch.__version__,
             detail=f"{SIMULATED}: fake {self.device.type} tensors under its autocast, "
-            f"on {_cpu_name()}, Python {platform.python_version()}",
+            f"on {cpu_name()}, Python {platform.python_version()}",
         )
 
 

@@ -1,6 +1,6 @@
 """Call trees of a chrome trace: :func:`build` nests the complete (``ph: "X"``) events of a
-trace read into columns (:class:`Events`; :meth:`mpguide.traces.trace.Trace.tree` passes its trace)
-into one tree per process and thread (:class:`Tree`, whose nodes are :class:`Node`).
+trace read into columns (:class:`~mpguide.traces.columns.Events`;
+:meth:`mpguide.traces.trace.Trace.tree` passes its trace) into one tree per process and thread (:class:`Tree`, whose nodes are :class:`Node`).
 
 - CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
   first, then layer (annotation, Python, op), then file order. An interval is half-open: an
@@ -35,7 +35,7 @@ from functools import cached_property
 from html import escape
 from itertools import islice, pairwise
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -43,7 +43,7 @@ import numpy as np
 from mpguide import MPGuideError
 from mpguide.core.table import escape_controls, shortened
 from mpguide.core.units import duration_text
-from mpguide.traces.columns import Args, Coded, Flows, matching
+from mpguide.traces.columns import Events, matching
 from mpguide.traces.gpu_links import _link_gpu
 from mpguide.traces.nesting import (
     _CHUNK,
@@ -58,27 +58,6 @@ from mpguide.traces.nesting import (
     _spans,
     _where,
 )
-
-
-class Events(Protocol):
-    """What a call tree reads of a trace, one array or column per field of its complete
-    events (:class:`mpguide.traces.trace.Trace` is one)."""
-
-    name: Coded
-    cat: Coded
-    pid: Coded
-    tid: Coded
-    ts: np.ndarray
-    dur: np.ndarray
-    args: Args
-    flows: Flows
-    source: str
-    replaced: int
-
-    def event(self, i: int) -> msgspec.Struct:
-        """Event ``i`` as it was exported."""
-        ...
-
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
@@ -272,7 +251,7 @@ def _bad_time(trace: Events, i: int) -> MPGuideError:
 
 
 class Tree:
-    """Call trees of a trace (:class:`Events`), one per process and thread, as parent links.
+    """Call trees of a trace (:class:`~mpguide.traces.columns.Events`), one per process and thread, as parent links.
 
     Build it with :func:`build`. ``parent[i]`` is the parent's id or -1 for a root;
     :meth:`roots` lists each thread's roots; :meth:`find` looks nodes up; :attr:`hidden`

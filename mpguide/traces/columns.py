@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -121,3 +121,23 @@ class Flows(NamedTuple):
     pid: Coded
     tid: Coded
     ts: np.ndarray
+
+
+class Events(Protocol):
+    """What a call tree reads of a trace, one array or column per field of its complete
+    events (:class:`mpguide.traces.trace.Trace` is one)."""
+
+    name: Coded
+    cat: Coded
+    pid: Coded
+    tid: Coded
+    ts: np.ndarray
+    dur: np.ndarray
+    args: Args
+    flows: Flows
+    source: str
+    replaced: int
+
+    def event(self, i: int) -> Any:
+        """Event ``i`` as it was exported."""
+        ...

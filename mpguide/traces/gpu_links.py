@@ -7,17 +7,14 @@ from __future__ import annotations
 
 from itertools import compress, repeat
 from operator import attrgetter, is_not
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.traces.columns import codes
+from mpguide.traces.columns import Events, codes
 from mpguide.traces.nesting import _absolute_ns
-
-if TYPE_CHECKING:
-    from mpguide.traces.calltree import Events
 
 
 class _Link(msgspec.Struct, gc=False):

@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from mpguide.traces.calltree import Events
+from mpguide.traces.columns import Events
 
 
 def _absolute_ns(ts: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """What changed from one torch release to the next, read from the recordings of
-:mod:`mpguide.core.version_probes` (JSON only: no torch of the window needs to be installed).
+:mod:`mpguide.versions.probes` (JSON only: no torch of the window needs to be installed).
 
 Each recording flattens to rows ``(group, where, key) -> value``: a switch, a fact, or one op's
 class and output dtypes on one device and dtype. :func:`compare` lines up consecutive
@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mpguide.core import version_probes, versions
+from mpguide.core import versions
 from mpguide.core.table import Table
+from mpguide.versions import probes
 
 ABSENT = "(not recorded)"
 Row = tuple[str, str, str]
@@ -34,7 +35,7 @@ def release_key(doc: Mapping) -> tuple[int, ...]:
 
 def recordings(directory: Path | str) -> list[dict]:
     """Every recording in ``directory``, oldest release first."""
-    docs = [version_probes.load(p) for p in sorted(Path(directory).glob("*.json"))]
+    docs = [probes.load(p) for p in sorted(Path(directory).glob("*.json"))]
     return sorted(docs, key=release_key)
 
 
@@ -142,7 +143,7 @@ def _cell(value: Any) -> str:
 
 def step(a: Mapping, b: Mapping, groups: Iterable[str] | None = None) -> Step:
     """Compare two recordings row by row (only the groups both hold, or ``groups``)."""
-    common = set(version_probes.GROUPS if groups is None else groups)
+    common = set(probes.GROUPS if groups is None else groups)
     common &= set(a) & set(b)
     ra = {k: v for k, v in flatten(a).items() if k[0] in common}
     rb = {k: v for k, v in flatten(b).items() if k[0] in common}
@@ -223,7 +224,7 @@ class Check:
 def _verdict(change: versions.Change, seen: Sequence[tuple[str, str | None]]) -> str:
     observed = [(v, o) for v, o in seen if o is not None]
     if not observed:
-        return "not probed: add a probe with version_probes.fact"
+        return "not probed: add a probe with probes.fact"
     since = versions.release(change.since)
     before = {o for v, o in observed if versions.release(v) < since}
     after = {o for v, o in observed if versions.release(v) >= since}
@@ -262,9 +263,7 @@ def checks_table(checks: Sequence[Check], docs: Sequence[dict]) -> Table:
 def disagreements(live: Mapping, recorded: Mapping) -> list[tuple[Row, Any, Any]]:
     """The rows where a live probe of the running torch differs from its recording (only the
     groups the live probe holds)."""
-    return list(
-        step(recorded, live, groups=[g for g in version_probes.GROUPS if g in live]).changed
-    )
+    return list(step(recorded, live, groups=[g for g in probes.GROUPS if g in live]).changed)
 
 
 def matching(docs: Sequence[dict], version: str, build: str) -> dict | None:

@@ -12,7 +12,7 @@ Three groups, each a flat mapping so two recordings compare key by key:
   registered with :func:`fact`, returning a short observation (``"float32"``, ``"raises
   RuntimeError"``).
 
-``python -m mpguide.core.version_probes --out DIR`` writes ``DIR/<torch>.json``;
+``python -m mpguide.versions.probes --out DIR`` writes ``DIR/<torch>.json``;
 ``nox -s versions`` runs it on every release of the supported window.
 """
 
@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from mpguide import MPGuideError, error_line
-from mpguide.core import dtypes, state
+from mpguide.autocast import catalogue, policy
+from mpguide.core import device, dtypes, state
 from mpguide.core.device import NEEDS_HARDWARE
 
 SCHEMA = 1
@@ -102,13 +103,12 @@ def build() -> str:
 
 def provenance(command: str) -> dict[str, str]:
     """Where and how a recording is made: torch, build, Python, machine, date, command."""
-    from mpguide.core.device import _cpu_name
 
     return {
         "torch": torch.__version__,
         "build": build(),
         "python": platform.python_version(),
-        "machine": f"{platform.system()} {platform.machine()}, {_cpu_name()}",
+        "machine": f"{platform.system()} {platform.machine()}, {device.cpu_name()}",
         "date": datetime.date.today().isoformat(),
         "command": command,
     }
@@ -147,15 +147,12 @@ def autocast(devices: tuple[str, ...] = DEVICES, ops: tuple | None = None) -> di
     autocast inserts, per ``device/dtype``, for ``ops`` (default: the ops
     :func:`mpguide.autocast.policy.probe` probes by default); a device this build cannot
     simulate, or a probe that fails, is recorded as such."""
-    from mpguide.autocast import policy
-    from mpguide.core import device as _device
-
     chosen = {} if ops is None else {"ops": ops}
     out: dict[str, Any] = {}
     for dev in devices:
         for dtype in DTYPES:
             key = f"{dev}/{dtypes.name(dtype)}"
-            if dev not in _device.simulated_types():
+            if dev not in device.simulated_types():
                 out[key] = {"how": "this build cannot simulate it"}
                 continue
             try:
@@ -172,7 +169,7 @@ def autocast(devices: tuple[str, ...] = DEVICES, ops: tuple | None = None) -> di
                 for p in pol.probes
             }
             out[key] = {
-                "how": "simulated" if pol.how == _device.SIMULATED else "live",
+                "how": "simulated" if pol.how == device.SIMULATED else "live",
                 "ops": probed,
             }
     return out
@@ -201,8 +198,6 @@ def facts(names: tuple[str, ...] | None = None) -> dict[str, str]:
 def record(command: str, groups: tuple[str, ...] = GROUPS) -> dict:
     """The whole recording of the running torch (switches first, before anything changes
     them)."""
-    from mpguide.autocast import catalogue
-
     if "autocast" in groups and not catalogue.has_samples():
         raise MPGuideError(
             "recording the autocast policy needs torch's OpInfo samples, which import only with "
@@ -398,7 +393,6 @@ def _fp8_cast_overflow() -> str:
 def _bf16_fft_fake_cuda() -> str:
     """What ``fft.rfft`` of a bf16 tensor gives on a simulated CUDA device (no kernel runs),
     autocast off."""
-    from mpguide.core import device
 
     try:
         with device.simulate("cuda") as cuda:
@@ -410,7 +404,7 @@ def _bf16_fft_fake_cuda() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mpguide.core.version_probes",
+        prog="python -m mpguide.versions.probes",
         description="Record the version-sensitive facts of this torch as JSON.",
     )
     parser.add_argument("--out", type=Path, help="folder to write <torch>.json into (else stdout)")
@@ -421,11 +415,11 @@ def main(argv: list[str] | None = None) -> int:
         help="record only these groups (repeatable)",
     )
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "-m", "mpguide.core.version_probes", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", "-m", "mpguide.versions.probes", *(argv or sys.argv[1:])])
     try:
         doc = dumps(record(command, tuple(args.only or GROUPS)))
     except MPGuideError as err:
-        print(f"version_probes: error: {err}", file=sys.stderr)
+        print(f"probes: error: {err}", file=sys.stderr)
         return 2
     if args.out is None:
         print(doc)
