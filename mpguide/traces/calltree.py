@@ -1,6 +1,7 @@
 """Call trees of a chrome trace: :func:`build` nests the complete (``ph: "X"``) events of a
 trace read into columns (:class:`~mpguide.traces.columns.Events`;
-:meth:`mpguide.traces.trace.Trace.tree` passes its trace) into one tree per process and thread (:class:`Tree`, whose nodes are :class:`Node`).
+:meth:`mpguide.traces.trace.Trace.tree` passes its trace) into one tree per process and thread
+(:class:`Tree`, whose nodes are :class:`Node`).
 
 - CPU events nest by time interval on integer nanoseconds, sorted by start, then longest
   first, then layer (annotation, Python, op), then file order. An interval is half-open: an
