@@ -82,10 +82,11 @@ report
 # -----------------------------
 # Casting to e4m3 without any scale is what a careless ``.to(torch.float8_e4m3fn)`` does: small
 # weights fall into the subnormals or to zero, and the outlier channels are still inside e4m3's
-# range here, so nothing overflows but much is flushed. A scale all but cures this for the
-# 8-bit recipes; the 4- and 6-bit ones flush small weights of their own, because a block's
-# scale is set by its largest value and an element format with one to three mantissa bits and
-# few exponents cannot reach far below it. The largest share of a layer's weights that becomes zero, per target (live, CPU):
+# range here, so nothing overflows but much is flushed. A scale all but cures this for the 8-bit
+# recipes; the 4- and 6-bit ones flush small weights of their own, because a block's scale is set by
+# its largest value and an element format with one to three mantissa bits and few exponents cannot
+# reach far below it. The largest share of a layer's weights that becomes zero, per target (live,
+# CPU):
 TARGETS = ("float8_e4m3fn", *recipes.RECIPES)
 w_zero = {
     t: max(r.weight.to_zero for r in lowbit_report.report(model, inputs, t).rows) for t in TARGETS

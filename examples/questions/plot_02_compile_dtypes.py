@@ -7,7 +7,8 @@ in, each reduced from the reader's thread and run here eagerly and compiled (``a
 which traces the same ATen graph inductor gets, and inductor where the question is about its
 kernels). The answers on this torch: a factory given ``dtype=`` creates that dtype compiled as
 eagerly, while under a bf16 default dtype without ``dtype=`` inductor's ``randn`` differs from
-eager and ``aot_eager`` (the dtypes are printed below); a float16 @ float32 matmul fails compiled as it fails eagerly; a bf16
+eager and ``aot_eager`` (the dtypes are printed below); a float16 @ float32 matmul fails
+compiled as it fails eagerly; autocast casts a float mask of SDPA with the key and value; a bf16
 ``Linear`` plus a float32 tensor gives float32 in both; the compiled backward runs under the
 forward's autocast unless told otherwise, which is why an inner ``autocast(enabled=False)``
 changes the gradients; and activation checkpointing recomputes under the forward's autocast.
@@ -110,15 +111,15 @@ print(
 )
 
 # %%
-# With ``dtype=`` the graph creates the dtype asked for under both backends: the thread's
-# float32 for an explicit ``dtype=torch.bfloat16`` is gone on this torch. Without ``dtype=``
-# the two backends part: Dynamo reads the default dtype when it traces, so ``aot_eager``'s
-# graph (the ATen graph inductor is handed) creates bfloat16, but inductor's lowering of
-# ``randn`` emits its random numbers in float32 on the CPU (the dtype printed above, asserted on
-# the CPU) while its ``zeros`` keeps the default. So inside code that ``torch.compile`` (inductor, the default backend)
-# compiles, pass ``dtype=`` to every factory rather than rely on ``set_default_dtype``. A
-# function compiled under one default dtype and called under another recompiles only if Dynamo
-# guarded on it, so set the default dtype before the first call.
+# With ``dtype=`` the graph creates the dtype asked for under both backends: the thread's float32
+# for an explicit ``dtype=torch.bfloat16`` is gone on this torch. Without ``dtype=`` the two
+# backends part: Dynamo reads the default dtype when it traces, so ``aot_eager``'s graph (the ATen
+# graph inductor is handed) creates bfloat16, but inductor's lowering of ``randn`` emits its random
+# numbers in float32 on the CPU (the dtype printed above, asserted on the CPU) while its ``zeros``
+# keeps the default. So inside code that ``torch.compile`` (inductor, the default backend) compiles,
+# pass ``dtype=`` to every factory rather than rely on ``set_default_dtype``. A function compiled
+# under one default dtype and called under another recompiles only if Dynamo guarded on it, so set
+# the default dtype before the first call.
 
 # %%
 # Does compile accept an fp16 @ fp32 matmul that eager rejects?
@@ -389,7 +390,8 @@ print(f"on torch {torch.__version__}: the recompute runs under the forward's aut
 #   eager's gradient.
 # - Under bf16 autocast SDPA casts a float32 mask to bf16 with key and value, on the CPU (live)
 #   and CUDA (simulated); outside autocast a float32 mask reaches the kernel, which CUDA's
-#   efficient attention rejects: build the mask in the query's dtype. Checkpointing recomputes under the forward's autocast.
+#   efficient attention rejects: build the mask in the query's dtype.
+# - Checkpointing recomputes under the forward's autocast.
 #
 # .. admonition:: References
 #
