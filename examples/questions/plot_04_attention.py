@@ -10,7 +10,8 @@ The answers on this torch: SDPA returns zeros for a fully masked row where a han
 softmax and ``MultiheadAttention(need_weights=True)`` return NaN; the encoder's fast path
 still turns a float attention bias into NaN; ``finfo.min`` overflows to ``-inf`` when what is
 added reaches half an ulp (two masks summed in either dtype, a score of -16 or below in fp16),
-and stays finite below that; and an inner ``autocast(enabled=False)`` with ``.float()`` keeps a block in float32.
+and stays finite below that; and an inner ``autocast(enabled=False)`` with ``.float()`` keeps
+a block in float32.
 """
 
 # %%
