@@ -128,7 +128,7 @@ for dt in (bf16, fp16):
     assert means.settled_at(dt) is not None, dt
     assert means.gap(dt) >= 2 * spacing[dt], dt
 assert means.gap(bf16) > means.gap(fp16)
-if dev.type == "cpu":  # on an H100 (torch 2.11) this page saw 0.0625 and 0.00781: 8 times
+if dev.type == "cpu":  # the ratio on a GPU is not recorded: asserted on the CPU only
     assert means.gap(bf16) > 10 * means.gap(fp16)
 _ = plots.running_means(
     means, title=f"BatchNorm1d running mean per step, batches of mean 3, torch "
