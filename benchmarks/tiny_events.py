@@ -1,5 +1,6 @@
 """Measure the memory that ``python -m mpguide casts`` and ``tree`` take per event, on traces
-of tiny events (``{"ph":"X","name":"a","ts":N,"dur":1}``, 42 bytes each): the figure that
+of tiny events (``{"ph":"X","name":"a","ts":N,"dur":1}``, 36 to 44 bytes each with the comma, as
+N grows): the figure that
 :data:`mpguide.traces.trace.BYTES_PER_EVENT` bounds; then a gzip of 55 million of them, read
 to the end under a 4 GiB address-space limit, and refused under a 2 GiB one.
 
@@ -30,6 +31,8 @@ from trace_casts import provenance
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "tiny_events.json"
 COMMANDS = {"casts": ["casts"], "tree": ["tree", "--limit", "10"]}
+TINY_EVENT = b'{"ph":"X","name":"a","ts":1,"dur":1},'
+"""One event of the 55-million-event gzip, with the comma that follows it."""
 LIMIT, BOMB_LIMIT, SMALL_LIMIT = 6 << 30, 4 << 30, 2 << 30
 """The address-space limit (``ulimit -v``) of each run, so that the machine stays usable, the
 one the 55 million events complete under, and the one they are refused under."""
@@ -46,7 +49,7 @@ def write(path: Path, n: int) -> None:
 
 def write_bomb(path: Path, members: int = 1950) -> int:
     """A gzip of ``members`` members of 1 MiB of tiny events: how many events it holds."""
-    tiny = b'{"ph":"X","name":"a","ts":1,"dur":1},'
+    tiny = TINY_EVENT
     events = tiny * ((1 << 20) // len(tiny))
     member = gzip.compress(events, mtime=0)
     with path.open("wb") as f:

@@ -4,7 +4,11 @@ The rule, checked here: a prose paragraph (a paragraph of an example's docstring
 ``#`` comment lines in ``examples/**/plot_*.py``, or a paragraph of ``docs/*.md`` outside code
 fences and outside reference lists) that names ``CUDA``, ``MPS`` or ``XPU`` and a dtype word
 (bf16, fp16, float32, dtype, ...) must also hold one of the label words: live, simulated (or
-simulation), recorded, or hardware ("ran on hardware", "needs hardware"). The paragraphs that
+simulation), recorded, or hardware ("ran on hardware"). A phrase that says the claim was not
+checked ("needs hardware", "without hardware", "not checked") is no label: a paragraph that
+states a per-device dtype list and only says that checking it needs hardware is unbacked (the
+list of CUDA and MPS dtypes that ``questions/plot_05`` stated this way was false). The
+paragraphs that
 do not yet are listed in ``tests/data/unlabelled.txt`` (path and first words); a new one fails
 the test, and so does a listed one that is labelled now, so the list only shrinks. After
 editing pages, ``python tests/test_labels.py`` rewrites the list.
@@ -23,6 +27,23 @@ DTYPE = re.compile(
     r"\b(bf16|fp16|fp32|tf32|fp8|float16|float32|bfloat16|float64|dtypes?)\b", re.IGNORECASE
 )
 LABEL = re.compile(r"\b(live|simulat\w*|recorded|record\w*|hardware)\b", re.IGNORECASE)
+NOT_CHECKED = re.compile(
+    r"\b(needs?|requires?|required|without|lacks?)\s+(\w+\s+){0,2}?hardware\b"
+    r"|\bnot\s+(checked|run|reproduced|simulated)\b",
+    re.IGNORECASE,
+)
+"""Phrases with a label word that say the claim was not checked: they label nothing."""
+
+
+def labelled(para: str) -> bool:
+    """Whether ``para`` says how its claim was obtained (a label word outside a phrase that
+    says it was not checked)."""
+    return bool(LABEL.search(NOT_CHECKED.sub(" ", para)))
+
+
+def states_device_dtype(para: str) -> bool:
+    """Whether ``para`` names a device type (CUDA, MPS, XPU) and a dtype word."""
+    return bool(DEVICE.search(para) and DTYPE.search(para))
 
 
 def _docstring(text: str) -> list[tuple[int, str]]:
@@ -85,9 +106,8 @@ def unlabelled() -> list[tuple[str, int, str]]:
     return [
         (path, line, para)
         for path, line, para in paragraphs()
-        if DEVICE.search(para)
-        and DTYPE.search(para)
-        and not LABEL.search(para)
+        if states_device_dtype(para)
+        and not labelled(para)
         and not para.lstrip().startswith((":torch", ".. admonition"))
     ]
 
@@ -100,12 +120,26 @@ def listed() -> list[str]:
     return [k for k in LISTED.read_text().splitlines() if k.strip()] if LISTED.exists() else []
 
 
+# The paragraph questions/plot_05 had (issue 50): a per-device dtype list, false for CUDA and
+# MPS on torch 2.13, whose only label word said that it was not checked.
+UNCHECKED_LIST = """# ``torch.autocast`` checks the dtype against a per-device list in Python when it is entered:
+# CPU bf16 and fp16, CUDA fp16 and bf16 (bf16 only where the GPU supports it), MPS fp16 and bf16
+# on recent macOS. The CUDA and MPS lists need hardware, so this page checks only the CPU's."""
+
+
 def test_the_rule_catches_an_unlabelled_device_claim():
-    claim = "# CUDA autocast runs softmax in float32."
-    labelled = "# CUDA autocast runs softmax in float32 (simulated here)."
-    for text, want in ((claim, True), (labelled, False)):
+    cases = (
+        ("# CUDA autocast runs softmax in float32.", True),
+        ("# CUDA autocast runs softmax in float32 (simulated here).", False),
+        ("# CUDA autocast runs softmax in float32 (live on a GPU, simulated without one).", False),
+        ("# Which CUDA kernel runs needs hardware; autocast casts the mask to bf16.", True),
+        ("# CUDA runs it in float32: not checked here, it needs a GPU.", True),
+        ("# CUDA runs it in float32 (ran on hardware, recorded on an H100).", False),
+        (UNCHECKED_LIST, True),
+    )
+    for text, want in cases:
         para = _comments(text)[0][1]
-        assert bool(DEVICE.search(para) and DTYPE.search(para) and not LABEL.search(para)) == want
+        assert (states_device_dtype(para) and not labelled(para)) == want, text
 
 
 def test_every_device_claim_on_a_page_is_labelled_or_listed():

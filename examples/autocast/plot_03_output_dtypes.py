@@ -226,8 +226,9 @@ _ = plots.dtype_grid(
 # -----------
 # - Under bf16 autocast, ``sum``, ``prod``, ``cumsum``, softmax and the norms return float32 on
 #   CUDA; on the CPU only ``prod`` does, and the others keep bf16.
-# - CUDA autocast gets there by adding ``dtype=float32`` (``sum``) or a cast before the op
-#   (``softmax``, ``layer_norm``); the CPU's does neither.
+# - CUDA autocast gets there by adding ``dtype=float32`` (``sum``, and ``softmax``, whose
+#   composite then casts its input itself: the same ops as ``softmax(x, dtype=float32)``) or by
+#   a cast before the op (``layer_norm``); the CPU's does neither.
 # - A bf16 activation with a float32 RMSNorm weight warns on the CPU and takes the composite,
 #   float32 path, rounding the result back to bf16.
 # - ``dtype=`` sets the output dtype on both devices; on CUDA it also stops autocast from

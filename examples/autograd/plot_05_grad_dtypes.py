@@ -10,9 +10,11 @@ backward; then run FSDP2 (``fully_shard``) for real on the CPU, with the gloo ba
 size 1, eagerly and under ``torch.compile``, logging the dtype of everything it touches. The
 answer: ``.grad`` must match the parameter's ``grad_dtype``, which defaults to its dtype and can
 be set to another dtype (backward then casts into it) or to ``None``; a parameter cast after
-forward receives a gradient in the dtype forward saw; and FSDP2 keeps float32 shards, computes
-forward and backward in bf16, casts gradients to float32 for the reduction and returns the
-output in ``output_dtype``.
+forward receives a gradient in the dtype forward saw; and FSDP2 keeps its shards, gradient
+shards and optimizer states in the dtype the model had when it was sharded (float32 for a
+float32 model, bf16 for a model cast to bf16 first, whatever ``reduce_dtype`` says), computes
+forward and backward in ``param_dtype``, reduces in ``reduce_dtype`` and returns the output in
+``output_dtype``.
 """
 
 # %%
@@ -321,6 +323,78 @@ assert bf16_to_float32 >= 2
 print("float32 shards, bf16 forward, float32 reduction input and gradient, float32 output")
 
 # %%
+# The float32 shards come from the model, not from the policy
+# ------------------------------------------------------------
+# ``fully_shard`` shards the parameters in the dtype it finds them in; ``param_dtype`` only sets
+# the dtype of the copies it all-gathers for forward and backward. A model cast to bf16 before
+# ``fully_shard`` (``model.to(torch.bfloat16)``, or loaded in bf16) therefore gets bf16 shards,
+# and the float32 ``reduce_dtype`` changes only the reduction: the reduced gradient is cast back
+# into a bf16 gradient shard, and AdamW keeps bf16 states. The same two blocks, same policy,
+# cast to bf16 first, live at world size 1 on gloo, with one AdamW step of learning rate 1e-4:
+
+
+def one_step(cast_first):
+    torch.manual_seed(0)
+    blocks = torch.nn.Sequential(Block(), Block())
+    blocks = blocks.to(bf16) if cast_first else blocks
+    model = distributed.shard(blocks, policy(None))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with dtypes.Log() as step_log:
+        model(torch.randn(2, 8)).float().sum().backward()
+    weight = model[0].fc1.weight
+    before = [p.to_local().detach().clone() for p in model.parameters()]
+    opt.step()
+    state = opt.state[weight]
+    after = [p.to_local() for p in model.parameters()]
+    moved = sum(int((a != b).sum()) for a, b in zip(after, before, strict=True))
+    kept = (weight.to_local(), weight.grad.to_local(), state["exp_avg"], state["exp_avg_sq"])
+    return {
+        "shard": weight.to_local().dtype,
+        "reduce-scatter input": distributed.reduce_scatter_inputs(step_log)[0].ins[-1],
+        "gradient shard": weight.grad.to_local().dtype,
+        "AdamW exp_avg, exp_avg_sq": (state["exp_avg"].dtype, state["exp_avg_sq"].dtype),
+        "bytes per parameter kept": sum(t.element_size() for t in kept),
+        "parameters the step changed": (moved, sum(b.numel() for b in before)),
+    }
+
+
+with distributed.process_group():
+    as_built, cast_first = one_step(False), one_step(True)
+Table(
+    ("what", "float32 model", "model cast to bf16 first"),
+    tuple(
+        (what, *(str(run[what]).replace("torch.", "") for run in (as_built, cast_first)))
+        for what in as_built
+    ),
+    "FSDP2, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), world size 1, gloo, "
+    "cpu (live)",
+)
+
+# %%
+f32 = torch.float32
+assert (as_built["shard"], as_built["gradient shard"]) == (f32, f32)
+assert as_built["AdamW exp_avg, exp_avg_sq"] == (f32, f32)
+assert (cast_first["shard"], cast_first["gradient shard"]) == (bf16, bf16)
+assert cast_first["AdamW exp_avg, exp_avg_sq"] == (bf16, bf16)
+assert as_built["reduce-scatter input"] == cast_first["reduce-scatter input"] == f32
+assert as_built["bytes per parameter kept"] == 2 * cast_first["bytes per parameter kept"] == 16
+moved_f32, total = as_built["parameters the step changed"]
+moved_bf16, _ = cast_first["parameters the step changed"]
+assert moved_f32 == total and moved_bf16 < total / 2
+print(
+    f"cast to bf16 before fully_shard: bf16 shards, gradients and AdamW states even with "
+    f"reduce_dtype=float32; {cast_first['bytes per parameter kept']} bytes a parameter instead "
+    f"of {as_built['bytes per parameter kept']}, and one AdamW step at lr 1e-4 changed "
+    f"{moved_bf16} of {total} parameters (float32 shards: {moved_f32})"
+)
+
+# %%
+# The cost of the cast: half the memory for shards, gradients and optimizer states, and no
+# float32 master weights, so updates smaller than half a bf16 spacing are lost (the count above;
+# :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`). Keep the model float32
+# when it is sharded and let ``param_dtype`` give the bf16 compute.
+
+# %%
 # The same as two strips, in the order the data flows: each box a stage, coloured by its dtype,
 # outlined where FSDP2 changed the dtype of the stage before.
 from mpguide import plots
@@ -472,7 +546,9 @@ print("compiled: bf16 in and out of every graph; float32 output and gradient sha
 # - FSDP2 with ``param_dtype=bf16, reduce_dtype=float32``, at world size 1 on gloo: float32
 #   DTensor shards, bf16 ``Parameter`` and input in forward, bf16 gradients cast into a float32
 #   reduce-scatter input (no collective runs at world size 1), float32 gradient shards, and an
-#   output in ``output_dtype`` (bf16 when it is ``None``).
+#   output in ``output_dtype`` (bf16 when it is ``None``). A model cast to bf16 before
+#   ``fully_shard`` keeps bf16 shards, gradient shards and AdamW states under the same policy:
+#   half the bytes, and most of a small step's updates lost (the counts printed above).
 # - Under ``torch.compile`` the graphs take and give only bf16; FSDP2's hooks stay outside
 #   them, and compiling the whole model graph-breaks at them.
 #

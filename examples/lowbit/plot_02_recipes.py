@@ -5,8 +5,14 @@ Scaling recipes, emulated bit for bit
 A format alone cannot hold a tensor: e4m3 stops at 448, fp4 at 6. A *recipe* picks scales that
 bring each block of values into range: one per tensor, per row, per 1×128 or 128×128 block, from
 the amax of earlier steps (delayed), or a power of two per 32 values (MX), or an e4m3 scale per
-16 values under a float32 tensor scale (NVFP4). Every recipe is emulated here on the CPU, and the
-tests check each one element for element against torchao's implementation. We quantize one
+16 values under a float32 tensor scale (NVFP4). Every recipe is emulated here on the CPU. The
+tests (``tests/test_recipes.py``) compare most of them element for element with torchao: the
+tensorwise and rowwise fp8 recipes, the blockwise ones through torchao's rowwise scaling of the
+tiles laid out as rows (its blockwise reference itself needs triton and is skipped on a CPU),
+MXFP8, MXFP6 and MXFP4 under both scale modes, and NVFP4 with and without its tensor scale.
+Two things are not compared: delayed scaling (torchao has no reference for it; the tests check
+that it uses the previous amax), and MX blocks whose amax lies below about 2**-118, where
+torchao departs from the spec (a test pins what torchao does there). We quantize one
 activation with outlier channels under each recipe and measure what it costs against float64.
 """
 
@@ -49,13 +55,15 @@ assert bits["mxfp8"] == bits["mxfp4"] + 4 == 8.25 and bits["nvfp4"] == 4.5 + 32 
 table
 
 # %%
-# The MX scale: the spec's floor against cuBLAS's rounding up
-# -----------------------------------------------------------
+# The MX scale: the spec's floor against rounding up
+# --------------------------------------------------
 # OCP MX v1.0 takes the scale ``2**(floor(log2 amax) - emax)``, with ``emax`` the exponent of the
 # element format's largest power of two (8 for e4m3, whose max is ``1.75 * 2**8``). A block whose
-# amax has a mantissa above 1.75 then lands above 448 and *saturates*. cuBLAS (and torchao's
-# ``rceil``) rounds ``amax / 448`` up to a power of two instead: nothing saturates, the block
-# uses a little less of the range.
+# amax has a mantissa above 1.75 then lands above 448 and *saturates*. torchao's ``rceil`` mode
+# rounds ``amax / 448`` up to a power of two instead: nothing saturates, the block uses a little
+# less of the range. torchao's documentation gives cuBLAS's block quantization as the source of
+# ``rceil``; no cuBLAS kernel ran for this page and no GPU output of it is recorded, so only the
+# emulation (matched to torchao's ``rceil`` by the tests) is shown.
 rows = []
 for kind in ("mxfp8", "mxfp4"):
     for mode in recipes.MX_SCALE_MODES:
@@ -140,7 +148,8 @@ gemm
 #    - OCP Microscaling Formats (MX) Specification v1.0, section 6.3 (computing the scale).
 #    - `torchao MX formats <https://github.com/pytorch/ao/tree/main/torchao/prototype/mx_formats>`_
 #      and `float8 training <https://github.com/pytorch/ao/tree/main/torchao/float8>`_, the
-#      reference implementations the tests compare with element for element.
+#      reference implementations the tests compare with element for element (the recipes and
+#      exceptions listed at the top of the page).
 #    - `Transformer Engine, FP8 primer
 #      <https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/examples/fp8_primer.html>`_
 #      (delayed scaling, amax history).

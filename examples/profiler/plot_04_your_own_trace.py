@@ -73,8 +73,8 @@ print(f"{len(drawn)} ops drawn, {len({str(c.id) for c in mine_casts} & drawn)} o
 # The chart is the step's call tree: the ops called inside ``ProfilerStep#N`` on the thread
 # that ran it. Autograd runs the backward pass of CPU tensors on the calling thread, so on the
 # CPU every cast is in the chart; for CUDA tensors it runs on its own device thread, so on a GPU
-# the backward pass's casts sit under another thread's root (a run of this page on an H100 with
-# torch 2.11 found them there), and the cast report still finds them.
+# the backward pass's casts sit under another thread's root, and the cast report still finds
+# them (the recorded H100 trace below shows it).
 step_tid = profiled_step.event.tid
 elsewhere = [c for c in mine_casts if str(c.id) not in in_step]
 threads = {mine.node(c.id).event.tid for c in elsewhere}
@@ -83,6 +83,27 @@ print(f"{len(elsewhere)} casts outside the step's call tree, on threads "
 assert step_tid not in threads
 if dev.type == "cpu":
     assert not elsewhere
+
+# %%
+# Recorded on a GPU: the same count on mpguide's own H100 trace of one bf16-autocast training
+# step (another model, a 4-layer ``nn.TransformerEncoder``; torch 2.11, provenance in
+# ``tests/data/gpu/PROVENANCE.md``), read here:
+try:
+    HERE = Path(__file__).resolve().parent
+except NameError:  # run cell by cell
+    HERE = Path.cwd()
+H100_TRACE = HERE.parents[1] / "tests" / "data" / "gpu" / "h100_mpguide_bf16_train_step.json.gz"
+h100 = trace.load(H100_TRACE)
+h100_tree = h100.tree()
+h100_casts = casts.report(h100_tree)
+(h100_step,) = h100_tree.steps()
+h100_in_step = {str(n.id) for n in h100_step.walk()}
+h100_elsewhere = [c for c in h100_casts if str(c.id) not in h100_in_step]
+h100_threads = sorted({h100_tree.node(c.id).event.tid for c in h100_elsewhere})
+print(f"recorded ({H100_TRACE.name}): {len(h100_elsewhere)} of {len(h100_casts)} casts outside the "
+      f"step's call tree, on threads {h100_threads} (the step ran on thread "
+      f"{h100_step.event.tid})")
+assert h100_elsewhere and h100_step.event.tid not in h100_threads
 
 # %%
 # Or with torch.profiler itself

@@ -5,8 +5,10 @@ Dtypes under torch.compile: readers' questions
 Seven questions about the dtypes compiled code creates, accepts, rejects and differentiates
 in, each reduced from the reader's thread and run here eagerly and compiled (``aot_eager``,
 which traces the same ATen graph inductor gets, and inductor where the question is about its
-kernels). The answers on this torch: a tensor created inside a compiled function gets the
-dtype it asked for; a float16 @ float32 matmul fails compiled as it fails eagerly; a bf16
+kernels). The answers on this torch: a factory given ``dtype=`` creates that dtype compiled as
+eagerly, while under a bf16 default dtype without ``dtype=`` inductor's ``randn`` differs from
+eager and ``aot_eager`` (the dtypes are printed below); a float16 @ float32 matmul fails
+compiled as it fails eagerly; autocast casts a float mask of SDPA with the key and value; a bf16
 ``Linear`` plus a float32 tensor gives float32 in both; the compiled backward runs under the
 forward's autocast unless told otherwise, which is why an inner ``autocast(enabled=False)``
 changes the gradients; and activation checkpointing recomputes under the forward's autocast.
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpguide import error_line
-from mpguide.core import device, versions
+from mpguide.core import device, dtypes, versions
 
 dev = device.pick()
 device.describe(dev)
@@ -70,29 +72,54 @@ def make_default():
     return torch.randn(1, device=dev)
 
 
+def zeros_default():
+    return torch.zeros(2, device=dev)
+
+
+FACTORIES = {
+    "randn, dtype=bfloat16": make,
+    "randn, default dtype": make_default,
+    "zeros, default dtype": zeros_default,
+}
 previous = torch.get_default_dtype()
 torch.set_default_dtype(torch.bfloat16)
 try:
-    created = {
-        "explicit dtype, eager": make().dtype,
-        "explicit dtype, compiled": torch.compile(make, backend="aot_eager")().dtype,
-        "default dtype, eager": make_default().dtype,
-        "default dtype, compiled": torch.compile(make_default, backend="aot_eager")().dtype,
-    }
+    created = {}
+    for what, fn in FACTORIES.items():
+        created[what, "eager"] = fn().dtype
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            created[what, backend] = torch.compile(fn, backend=backend)().dtype
 finally:
     torch.set_default_dtype(previous)
+    torch._dynamo.reset()
 created
 
 # %%
-assert set(created.values()) == {torch.bfloat16}
-print(f"on torch {torch.__version__}: every tensor created inside the compiled function is "
-      "bfloat16, as eager; reported as float32 on 2.4.1")
+bf16 = torch.bfloat16
+assert all(created["randn, dtype=bfloat16", b] == bf16 for b in ("eager", "aot_eager", "inductor"))
+assert all(created[w, b] == bf16 for w in FACTORIES for b in ("eager", "aot_eager"))
+inductor_randn = created["randn, default dtype", "inductor"]
+inductor_zeros = created["zeros, default dtype", "inductor"]
+assert inductor_zeros == bf16
+if dev.type == "cpu":
+    assert inductor_randn == torch.float32
+print(
+    f"on torch {torch.__version__} ({dev.type}): with dtype= every backend gives bfloat16; "
+    f"under a bfloat16 default without dtype=, eager and aot_eager give bfloat16, inductor's "
+    f"randn gives {dtypes.name(inductor_randn)} and its zeros {dtypes.name(inductor_zeros)}"
+)
 
 # %%
-# Dynamo traces factory calls with their ``dtype=`` and reads the default dtype when it
-# traces, so the graph creates the dtype asked for; the thread's float32 is gone on this torch.
-# One caution remains: a function compiled under one default dtype and called under another
-# recompiles only if Dynamo guarded on it, so set the default dtype before the first call.
+# With ``dtype=`` the graph creates the dtype asked for under both backends: the thread's float32
+# for an explicit ``dtype=torch.bfloat16`` is gone on this torch. Without ``dtype=`` the two
+# backends part: Dynamo reads the default dtype when it traces, so ``aot_eager``'s graph (the ATen
+# graph inductor is handed) creates bfloat16, but inductor's lowering of ``randn`` emits its random
+# numbers in float32 on the CPU (the dtype printed above, asserted on the CPU) while its ``zeros``
+# keeps the default. So inside code that ``torch.compile`` (inductor, the default backend) compiles,
+# pass ``dtype=`` to every factory rather than rely on ``set_default_dtype``. A function compiled
+# under one default dtype and called under another recompiles only if Dynamo guarded on it, so set
+# the default dtype before the first call.
 
 # %%
 # Does compile accept an fp16 @ fp32 matmul that eager rejects?
@@ -257,31 +284,55 @@ print(f"on torch {torch.__version__} ({dev.type}): the compiled weight gradient 
 # Asked in `pytorch#124901 <https://github.com/pytorch/pytorch/issues/124901>`__ and
 # `#121631 <https://github.com/pytorch/pytorch/issues/121631>`__:
 # ``RuntimeError: invalid dtype for bias - should match query's dtype`` from a Llama block
-# compiled under fp16 autocast with a float attention mask. Reduced: autocast casts the
-# query, key and value, not the mask.
-qf, kf, vf = (torch.randn(1, 2, 8, 16, device=dev) for _ in range(3))
-mask = torch.zeros(1, 1, 8, 8, device=dev)
-with torch.autocast(dev.type, dtype=torch.bfloat16):
-    low_q = qf @ torch.eye(16, device=dev)  # a matmul: bf16 under autocast, as a projection
-    out_mask32 = F.scaled_dot_product_attention(low_q, kf, vf, attn_mask=mask)
-    out_mask16 = F.scaled_dot_product_attention(low_q, kf, vf, attn_mask=mask.to(low_q.dtype))
-bias = {"query": low_q.dtype, "mask": mask.dtype, "output": out_mask32.dtype,
-        "same result with the mask cast": torch.equal(out_mask32, out_mask16)}
+# compiled under fp16 autocast with a float attention mask. Reduced: a bf16 query (a projection
+# under autocast), float32 key and value, and a float32 additive mask, under bf16 autocast, live
+# on the CPU and simulated on CUDA (this build's dispatch rules on fake tensors):
+from mpguide.autocast import policy
+
+
+def attention_with_mask(d):
+    q = torch.randn(1, 2, 8, 16, device=d, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 8, 16, device=d) for _ in range(2))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(1, 1, 8, 8, device=d))
+
+
+masked = {
+    t.device.type: (t, policy.observe(attention_with_mask, t, torch.bfloat16))
+    for t in (device.target("cpu"), device.target("cuda"))
+}
+bias = {
+    device.label(where, t.how): (
+        f"output {dtypes.name(run.out)}; casts before the op: "
+        + ", ".join(f"{dtypes.short(a)}->{dtypes.short(b)}" for a, b in run.casts[:3])
+    )
+    for where, (t, run) in masked.items()
+}
 bias
 
 # %%
-assert bias["query"] == torch.bfloat16 and bias["mask"] == torch.float32
-assert bias["same result with the mask cast"]
-print(f"on torch {torch.__version__} ({dev.type}): SDPA accepts a float32 mask with a bf16 "
-      "query here; the CUDA fused kernels of the thread check that they match")
+f32_to_bf16 = (torch.float32, torch.bfloat16)
+for where, (_, run) in masked.items():
+    assert run.out == torch.bfloat16 and run.casts[:3] == (f32_to_bf16,) * 3, where
+cpu_kernel = next(c for c in masked["cpu"][1].calls if "attention" in c.op)
+assert cpu_kernel.ins == (torch.bfloat16,) * 4
+print(
+    f"on torch {torch.__version__}: autocast casts key, value and mask to bf16 "
+    f"({len(masked['cpu'][1].casts)} casts on the CPU); the CPU kernel "
+    f"{cpu_kernel.op.removesuffix('.default')} gets "
+    f"{' + '.join(dtypes.name(d) for d in cpu_kernel.ins)}"
+)
 
 # %%
-# Under autocast, SDPA casts its query, key and value to the autocast dtype; a float mask is an
-# argument autocast leaves alone, and eager transformers code usually builds it from the model's
-# float32 dtype. The CUDA efficient-attention kernel requires the bias dtype to equal the query's
-# and raises (the thread's report from hardware); this CPU build's kernels do not run that check,
-# so it is not reproduced here. The fix on every device: build the mask in the query's dtype
-# (``mask.to(q.dtype)``), which gives the same result here, asserted above.
+# Under autocast, ``scaled_dot_product_attention`` is a lower-precision op on both devices: every
+# floating input is cast to the autocast dtype, the float mask included (the three float32 to
+# bf16 casts asserted above; key, value and mask), so on this torch the kernel never sees a
+# float32 mask beside a bf16 query and the thread's error does not arise from this call under
+# autocast. It arises where the mask reaches the kernel uncast: SDPA called outside autocast
+# with a bf16 query and a float32 mask. The CPU kernel accepts that pair
+# (:ref:`sphx_glr_docs_auto_examples_training_plot_03_norms_and_masks.py` shows it); the CUDA
+# efficient-attention kernel requires the bias dtype to equal the query's and raises (the
+# thread's report from hardware, not reproduced here). The fix on every device: build the mask
+# in the query's dtype (``mask.to(q.dtype)``).
 
 # %%
 # Does activation checkpointing recompute under the same autocast?
@@ -328,15 +379,19 @@ print(f"on torch {torch.__version__}: the recompute runs under the forward's aut
 # %%
 # What we saw
 # -----------
-# - Factories inside compiled code give the dtype asked for, also under a bf16 default.
+# - Factories inside compiled code give the dtype their ``dtype=`` asks for under ``aot_eager``
+#   and inductor. Under a bf16 default without ``dtype=``, ``aot_eager`` follows the default and
+#   inductor's ``randn`` does not (its dtype printed above): pass ``dtype=``.
 # - float16 @ float32 fails compiled as it fails eagerly from torch 2.12 on (2.11's inductor
 #   returned float32); bf16 ``Linear`` + float32 gives float32 in both on this device.
 # - ``vector_norm`` into a bf16 ``out=`` compiles.
 # - The compiled backward runs under the forward's autocast by default, so an inner
 #   ``autocast(enabled=False)`` changes the gradient; ``backward_pass_autocast="off"`` gives
 #   eager's gradient.
-# - A float32 mask with a bf16 query runs on this CPU build; casting the mask is the
-#   portable fix. Checkpointing recomputes under the forward's autocast.
+# - Under bf16 autocast SDPA casts a float32 mask to bf16 with key and value, on the CPU (live)
+#   and CUDA (simulated); outside autocast a float32 mask reaches the kernel, which CUDA's
+#   efficient attention rejects: build the mask in the query's dtype.
+# - Checkpointing recomputes under the forward's autocast.
 #
 # .. admonition:: References
 #

@@ -8,8 +8,10 @@ and bf16, which SDPA backend runs and how far it is from float64, and how to kee
 float32 under autocast. Each is the reader's repro, reduced and run on this build's device.
 The answers on this torch: SDPA returns zeros for a fully masked row where a hand-written
 softmax and ``MultiheadAttention(need_weights=True)`` return NaN; the encoder's fast path
-still turns a float attention bias into NaN; ``finfo.min`` plus anything negative overflows to
-``-inf``; and an inner ``autocast(enabled=False)`` with ``.float()`` keeps a block in float32.
+still turns a float attention bias into NaN; ``finfo.min`` overflows to ``-inf`` when what is
+added reaches half an ulp (two masks summed in either dtype, a score of -16 or below in fp16),
+and stays finite below that; and an inner ``autocast(enabled=False)`` with ``.float()`` keeps
+a block in float32.
 """
 
 # %%
@@ -151,31 +153,49 @@ print(f"on torch {torch.__version__} ({dev.type}): the fast path still turns a f
 # `NeMo Automodel#2658 <https://github.com/NVIDIA-NeMo/Automodel/pull/2658>`__ ("summing two
 # ``torch.finfo(dtype).min`` planes ... overflows bf16 to ``-inf``"). What each fill value
 # becomes in each dtype when a second mask or a negative score is added to it:
-fills = []
+fills, half_ulps = [], {}
 for dt in (torch.float16, torch.bfloat16):
     lo = torch.finfo(dt).min
     one = torch.tensor(lo, dtype=dt, device=dev)
-    fills.append((str(dt).removeprefix("torch."), f"{lo:.4g}",
-                  (one + one).item(), (one + torch.tensor(-100.0, dtype=dt, device=dev)).item(),
-                  (one + torch.tensor(-1.0, dtype=dt, device=dev)).item()))
-fill = Table(("dtype", "finfo.min", "min + min", "min + (-100)", "min + (-1)"), tuple(fills),
+    half_ulps[dt] = (torch.nextafter(one, torch.zeros_like(one)) - one).item() / 2
+
+    def plus(x, one=one, dt=dt):
+        return (one + torch.tensor(x, dtype=dt, device=dev)).item()
+
+    fills.append((str(dt).removeprefix("torch."), f"{lo:.4g}", (one + one).item(), plus(-100.0),
+                  plus(-1.0), f"{half_ulps[dt]:.4g}", plus(-half_ulps[dt]),
+                  plus(-torch.nextafter(torch.tensor(half_ulps[dt], dtype=dt),
+                                        torch.tensor(0.0, dtype=dt)).item())))
+fill = Table(("dtype", "finfo.min", "min + min", "min + (-100)", "min + (-1)", "half ulp h",
+              "min - h", "min - (h less one step)"), tuple(fills),
              f"Additive mask values, torch {torch.__version__} on {dev.type}")
 fill
 
 # %%
 fp16_row, bf16_row = fill.records()
-assert fp16_row["min + min"] == bf16_row["min + min"] == float("-inf")
-assert fp16_row["min + (-100)"] == float("-inf")
+inf = float("-inf")
+assert fp16_row["min + min"] == bf16_row["min + min"] == inf
+assert fp16_row["min + (-100)"] == inf and fp16_row["min + (-1)"] == torch.finfo(torch.float16).min
 assert bf16_row["min + (-100)"] == bf16_row["min + (-1)"] == torch.finfo(torch.bfloat16).min
+for row, dt in ((fp16_row, torch.float16), (bf16_row, torch.bfloat16)):
+    assert row["min - h"] == inf and row["min - (h less one step)"] == torch.finfo(dt).min
+assert half_ulps[torch.float16] == 16  # the prose's -16
+print(
+    f"on torch {torch.__version__} ({dev.type}): finfo.min + x overflows to -inf from x = "
+    f"-{half_ulps[torch.float16]:g} in float16 and from x = -{half_ulps[torch.bfloat16]:.3g} in "
+    "bfloat16 (half an ulp; a tie rounds to even, which is -inf); anything smaller stays finite, "
+    "and finfo.min + finfo.min is -inf in both"
+)
 
 # %%
 # ``finfo.min`` is the most negative finite value, so a sum that is more negative by half an
-# ulp rounds to ``-inf``: two masks added together in either dtype, and in fp16 also a masked
-# score below about ``-16`` (half the ulp of 65504); bf16's ulp there is about ``1e36``, so a
-# score cannot push it over. A row of ``-inf`` is NaN after softmax, a row of finite minima is a uniform
-# average. Fixes: combine masks with ``torch.where`` or a boolean ``&`` before converting once
-# to an additive mask, or pass a boolean mask to SDPA, which never adds to it. The formats'
-# limits: :ref:`sphx_glr_docs_auto_examples_numerics_plot_01_formats.py`.
+# ulp or more rounds to ``-inf``, and a smaller addition rounds back to ``finfo.min``: two masks
+# added together overflow in either dtype, and in fp16 also a masked score of ``-16`` or below
+# (``-100`` overflows, ``-1`` does not); bf16's half ulp there is the figure printed above, so a
+# score cannot push it over. A row of ``-inf`` is NaN after softmax, a row of finite minima is a
+# uniform average. Fixes: combine masks with ``torch.where`` or a boolean ``&`` before
+# converting once to an additive mask, or pass a boolean mask to SDPA, which never adds to it.
+# The formats' limits: :ref:`sphx_glr_docs_auto_examples_numerics_plot_01_formats.py`.
 
 # %%
 # Which SDPA backend runs, and how far is each from float64?
@@ -267,7 +287,9 @@ assert nested == {"projection": torch.bfloat16, "attention inside enabled=False"
 # - A fully masked row is zeros through SDPA and NaN through a plain softmax, which
 #   ``MultiheadAttention(need_weights=True)`` still uses.
 # - The 2.3 sliding-window NaN is gone; the encoder fast path's NaN with a float bias is not.
-# - ``finfo.min`` overflows to ``-inf`` when anything negative is added to it.
+# - ``finfo.min`` overflows to ``-inf`` when what is added reaches half an ulp: a second
+#   ``finfo.min`` in fp16 and bf16, and in fp16 a score of ``-16`` or below; ``-1`` in fp16 and
+#   ``-100`` in bf16 leave it finite.
 # - This CPU build runs SDPA's math and flash backends and picks flash; their bf16 and fp16
 #   errors against float64 are in the table.
 # - Nested ``autocast(enabled=False)`` plus ``.float()`` keeps one block in float32.

@@ -5,8 +5,9 @@ Autocast's defaults and dtypes: readers' questions
 Five questions about what autocast accepts and picks on each device, its deprecated
 spellings, the dtype of gradients under it, and the error a bf16 input meets outside it. Each
 is answered by entering autocast here (live on this build's device, simulated for CUDA where
-there is no GPU) and reading what comes out. The answers on this torch: CPU autocast accepts
-bf16 and fp16 and switches itself off, with a warning, for anything else; with no dtype it
+there is no GPU) and reading what comes out. The answers on this torch: CPU and MPS autocast
+accept bf16 and fp16 and switch themselves off, with a warning, for float32 and float64, while
+CUDA autocast accepts those too; with no dtype it
 picks bf16 on the CPU and fp16 on CUDA; ``torch.cuda.amp.autocast`` warns and does what
 ``torch.autocast("cuda")`` does; gradients take the parameters' dtype; and a matmul needs its
 operands in one dtype unless autocast casts them.
@@ -20,7 +21,7 @@ import warnings
 import torch
 from torch import nn
 
-from mpguide.core import device
+from mpguide.core import device, dtypes
 from mpguide.core.table import Table
 
 dev = device.pick()
@@ -29,8 +30,8 @@ device.describe(dev)
 # %%
 # Which dtypes does autocast accept on each device?
 # -------------------------------------------------
-# Asked in `pytorch#136082 <https://github.com/pytorch/pytorch/pull/136082>`__ (CPU autocast
-# gained float16), `LivePortrait#347 <https://github.com/KlingAIResearch/LivePortrait/issues/347>`__,
+# Asked in `pytorch#136082 <https://github.com/pytorch/pytorch/pull/136082>`__ (the docs of CPU
+# autocast's float16), `LivePortrait#347 <https://github.com/KlingAIResearch/LivePortrait/issues/347>`__,
 # `pytorch#138423 <https://github.com/pytorch/pytorch/pull/138423>`__,
 # `AutoForge#55 <https://github.com/hvoss-tech/AutoForge/issues/55>`__ and
 # `ComfyUI-MochiWrapper#67 <https://github.com/kijai/ComfyUI-MochiWrapper/pull/67>`__, after
@@ -50,17 +51,50 @@ assert by_dtype["bfloat16"]["autocast enabled"] and by_dtype["float16"]["autocas
 for name in ("float32", "float64"):
     assert not by_dtype[name]["autocast enabled"]
     assert "target dtype is not supported. Disabling autocast" in by_dtype[name]["warning"]
-print(f"on torch {torch.__version__}: CPU autocast accepts bfloat16 and float16 (float16 since "
-      "2.5, #136082); any other dtype disables it with a warning, not an error")
+print(f"on torch {torch.__version__}: CPU autocast accepts bfloat16 and float16; float32 and "
+      "float64 disable it with a warning, not an error")
 
 # %%
-# ``torch.autocast`` checks the dtype against a per-device list in Python when it is entered: CPU
-# bf16 and fp16, CUDA fp16 and bf16 (bf16 only where the GPU supports it), MPS fp16 and bf16 on
-# recent macOS. The CUDA and MPS lists need hardware, so this page checks only the CPU's. An
-# unsupported dtype does not raise: autocast warns and turns itself off, so the region runs in
-# whatever dtypes the tensors have. Check with ``torch.is_autocast_enabled(device_type)`` inside
-# the region. The policy per op and device:
-# :ref:`sphx_glr_docs_auto_examples_autocast_plot_02_policy_table.py`.
+# The other devices: :func:`mpguide.autocast.accepts.check` constructs ``torch.autocast`` for
+# CUDA and MPS as well, live where this machine has the device, simulated elsewhere (the
+# device's availability queries answer as on a machine that has it; for CUDA, a GPU with bf16):
+from mpguide.autocast import accepts
+
+TRIED = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+others = tuple(accepts.check(d, dt) for d in ("cpu", "cuda", "mps") for dt in (None, *TRIED))
+outcome = {(c.device, c.dtype): c for c in others}
+accepts.table(others)
+
+# %%
+for d in ("cpu", "cuda", "mps"):
+    for dt in (torch.bfloat16, torch.float16):
+        assert outcome[d, dt].outcome == "accepted", (d, dt)
+for d in ("cpu", "mps"):
+    for dt in (torch.float32, torch.float64):
+        assert outcome[d, dt].outcome == "autocast disabled" and "not supported" in (
+            outcome[d, dt].warning), (d, dt)
+for dt in (torch.float32, torch.float64):
+    assert outcome["cuda", dt].outcome == "accepted" and not outcome["cuda", dt].warning
+defaults_seen = {d: dtypes.name(outcome[d, None].casts_to) for d in ("cpu", "cuda", "mps")}
+how = {
+    d: "simulated" if outcome[d, None].how == device.SIMULATED else "live" for d in defaults_seen
+}
+print(
+    f"on torch {torch.__version__}: CPU ({how['cpu']}) and MPS ({how['mps']}) accept bfloat16 "
+    f"and float16 only; CUDA ({how['cuda']}) also accepts float32 and float64; no dtype= casts "
+    "to " + ", ".join(f"{v} on {k}" for k, v in defaults_seen.items())
+)
+
+# %%
+# ``torch.autocast`` checks the dtype in Python when it is constructed. On this torch, for the three
+# devices above (the full set of device types:
+# :ref:`sphx_glr_docs_auto_examples_autocast_plot_02_policy_table.py`), CPU and MPS share one list,
+# bf16 and fp16, and warn and switch off for float32 and float64; the MPS row is checked here
+# without an Apple GPU or macOS (simulated), as torch's check asks for neither. CUDA has no dtype
+# list: it accepts float32 and float64 without a warning (autocast then casts to that dtype), and it
+# raises only for bf16 on a GPU that lacks it. An unsupported dtype does not raise: autocast warns
+# and turns itself off, so the region runs in whatever dtypes the tensors have. Check with
+# ``torch.is_autocast_enabled(device_type)`` inside the region.
 
 # %%
 # Which dtype does autocast pick when I pass none?
@@ -93,11 +127,12 @@ assert tiny.half().item() == 0.0 and tiny.bfloat16().item() > 0
 print("a gradient of 1e-8 is 0 in fp16 and kept in bf16: fp16 autocast needs a GradScaler")
 
 # %%
-# Each device type has its own default, ``torch.get_autocast_dtype(device_type)``: float16 on
-# CUDA (simulated above where there is no GPU) and on MPS (not checked here), bfloat16 on the
-# CPU. Code written with ``torch.autocast("cuda")`` therefore trains in fp16, where small
-# gradients underflow (shown above) unless a ``GradScaler`` scales the loss. Pass
-# ``dtype=torch.bfloat16`` explicitly, or keep the scaler. Loss scaling in depth:
+# Each device type has its own default, ``torch.get_autocast_dtype(device_type)``: float16 on CUDA
+# and on MPS (simulated above where the device is absent; the table of the first question shows what
+# ``dtype=None`` casts to on each), bfloat16 on the CPU. Code written with
+# ``torch.autocast("cuda")`` therefore trains in fp16, where small gradients underflow (shown above)
+# unless a ``GradScaler`` scales the loss. Pass ``dtype=torch.bfloat16`` explicitly, or keep the
+# scaler. Loss scaling in depth:
 # :ref:`sphx_glr_docs_auto_examples_training_plot_01_loss_scaling.py`.
 
 # %%
@@ -210,7 +245,8 @@ print(f"on torch {torch.__version__} (cpu) the message reads: {outside}")
 # %%
 # What we saw
 # -----------
-# - CPU autocast accepts bf16 and fp16; other dtypes disable it with a warning.
+# - CPU autocast (live) and MPS autocast (simulated) accept bf16 and fp16; float32 and float64
+#   disable them with a warning. CUDA autocast (simulated without a GPU) accepts all four.
 # - With no dtype, autocast picks bf16 on the CPU and fp16 on CUDA (simulated here when no
 #   GPU is present), and fp16 needs a GradScaler.
 # - ``torch.cuda.amp.autocast``, ``torch.cpu.amp.autocast`` and ``torch.cuda.amp.GradScaler``

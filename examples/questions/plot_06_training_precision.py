@@ -205,11 +205,39 @@ print(f"after {steps} steps: bf16 weights still {master['bf16 weights']}, float3
       f"weights {master['float32 master weights']:.4f}")
 
 # %%
-# Near 1.0 bf16 values are 2**-7 apart, so an update smaller than half that (0.0039) rounds
-# back to the same weight: with a learning rate of 1e-3 the bf16 weights never move, and the
-# float32 copy does. That is the convergence gap of the threads. Master weights cost 4 bytes
-# per parameter more; the alternatives that keep bf16 weights are stochastic rounding and
-# Kahan summation (:func:`mpguide.training.optimizers.stochastic_round`,
+# The loop above decreases the weight. Whether an update is lost depends on its direction: bf16
+# values are twice as far apart just above 1 as just below it. Per direction, the spacing next
+# to 1, the largest update that rounds back to 1 (half the spacing: a tie rounds to the even
+# neighbour, 1), and what a 1e-3 and a 2e-3 step make of a bf16 1:
+one = torch.ones((), device=dev, dtype=low)
+near_one = []
+for direction, sign in (("up (1 + u)", 1.0), ("down (1 - u)", -1.0)):
+    spacing = (torch.nextafter(one, one + sign) - one).abs().item()
+    near_one.append((direction, spacing, spacing / 2, (one + sign * spacing / 2).item(),
+                     (one + sign * 1e-3).item(), (one + sign * 2e-3).item()))
+threshold = Table(("direction", "spacing", "lost up to u =", "1 ± that", "1 ± 0.001",
+                   "1 ± 0.002"), tuple(near_one), f"bf16 updates of a weight at 1, on {dev.type}")
+threshold
+
+# %%
+up, down = threshold.records()
+assert up["spacing"] == 2 * down["spacing"] == 2**-7
+assert up["1 ± that"] == down["1 ± that"] == 1.0
+assert up["1 ± 0.001"] == down["1 ± 0.001"] == 1.0
+assert up["1 ± 0.002"] == 1.0 and down["1 ± 0.002"] == 1 - down["spacing"]
+print(
+    f"a bf16 weight at 1 ignores an increase of up to {up['lost up to u =']:.8f} and a decrease "
+    f"of up to {down['lost up to u =']:.9f}: 1 + 0.002 stays {up['1 ± 0.002']}, 1 - 0.002 "
+    f"becomes {down['1 ± 0.002']}"
+)
+
+# %%
+# Above 1 bf16 values are 2**-7 apart, below it 2**-8 (both asserted), so an update that moves
+# the weight by half the spacing or less rounds back to 1: up to 0.0039 upwards, up to 0.00195
+# downwards (printed above). With a learning rate of 1e-3 the bf16 weights never move in either
+# direction, and the float32 copy does. That is the convergence gap of the threads. Master
+# weights cost 4 bytes per parameter more; the alternatives that keep bf16 weights are
+# stochastic rounding and Kahan summation (:func:`mpguide.training.optimizers.stochastic_round`,
 # :func:`mpguide.training.optimizers.kahan_add_`). In depth:
 # :ref:`sphx_glr_docs_auto_examples_autograd_plot_04_master_weights.py`.
 
@@ -282,13 +310,49 @@ assert abs(f32_loss.item() - ref) < abs(bf16_loss.item() - ref)
 assert autocast_loss.dtype == torch.float32
 
 # %%
-# The kernel accumulates the log-sum-exp in float32 either way; what bf16 loses is the stored
-# result: the loss rounded to bf16, whose spacing between 8 and 16 (where this loss lies) is
-# 0.0625. Autocast lists ``cross_entropy`` among the ops it runs in float32, so under
-# autocast the upcast happens by itself; without autocast (pure bf16 weights, or FSDP2's
-# parameter policy, which installs no autocast) upcast the logits at the loss only: the
-# full-vocabulary float32 copy is the memory transformers#34147 avoids elsewhere. Output
-# dtypes under autocast: :ref:`sphx_glr_docs_auto_examples_autocast_plot_03_output_dtypes.py`.
+# Where the bf16 loss parts from float32: ``cross_entropy`` is ``log_softmax`` followed by
+# ``nll_loss``, and on bf16 logits both run in bf16. The float32 loss rounded once to bf16, the
+# mean of the bf16 log-probabilities taken in float32, and ``nll_loss`` on them in bf16:
+log_probs = F.log_softmax(logits, dim=-1)
+steps_ce = {
+    "float32 loss": f32_loss.item(),
+    "float32 loss rounded once to bf16": f32_loss.to(low).item(),
+    "bf16 log-probabilities, mean in float32": F.nll_loss(log_probs.float(), labels).item(),
+    "bf16 log-probabilities, nll_loss in bf16": F.nll_loss(log_probs, labels).item(),
+    "cross_entropy on bf16 logits": bf16_loss.item(),
+}
+same_as_rounded = 0
+for seed in range(20):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    lg = (3 * torch.randn(64, 32_000, generator=g, device=dev)).to(low)
+    lb = torch.randint(0, 32_000, (64,), generator=g, device=dev)
+    rounded_once = F.cross_entropy(lg.float(), lb).to(low).item()
+    same_as_rounded += F.cross_entropy(lg, lb).item() == rounded_once
+steps_ce
+
+# %%
+assert log_probs.dtype == low
+assert steps_ce["cross_entropy on bf16 logits"] == (
+    steps_ce["bf16 log-probabilities, nll_loss in bf16"])
+assert steps_ce["cross_entropy on bf16 logits"] != steps_ce["float32 loss rounded once to bf16"]
+assert (bf16_loss - torch.nextafter(bf16_loss, torch.zeros_like(bf16_loss))).item() == 0.0625
+assert same_as_rounded < 20
+print(
+    f"bf16 loss {bf16_loss.item()}, float32 loss {f32_loss.item():.4f} rounded once "
+    f"{f32_loss.to(low).item()}; over 20 seeds the bf16 loss equals the float32 loss rounded once "
+    f"{same_as_rounded} times"
+)
+
+# %%
+# So bf16 loses more than the stored result. The log-probabilities are stored in bf16 (at the
+# loss's size, between 8 and 16, bf16's spacing is 0.0625, asserted), and ``nll_loss``'s mean over them in bf16 loses more again: on this
+# batch the bf16 loss is the value printed above, not the float32 loss rounded once, and over
+# 20 seeds the two agree only the printed number of times. Autocast lists ``cross_entropy``
+# among the ops it runs in float32, so under autocast the upcast happens by itself (asserted
+# above); without autocast (pure bf16 weights, or FSDP2's parameter policy, which installs no
+# autocast) upcast the logits at the loss only: the full-vocabulary float32 copy is the memory
+# transformers#34147 avoids elsewhere. Output dtypes under autocast:
+# :ref:`sphx_glr_docs_auto_examples_autocast_plot_03_output_dtypes.py`.
 
 # %%
 # Can the optimizer states be bf16?
@@ -325,9 +389,11 @@ for target in ("cpu",):
 # - bf16 needs no scaler: the scaled and unscaled steps give the same weights.
 # - A scaler refuses fp16 gradients; keep fp16 for autocast and the parameters float32.
 # - ``bf16=True`` keeps whatever dtype the weights were loaded in; upcast for master weights.
-# - bf16 weights near 1 ignore updates below 0.0039; float32 master weights keep them.
+# - A bf16 weight at 1 ignores an increase of up to half its upper spacing (0.0039) and a
+#   decrease of up to half its lower spacing (0.00195); float32 master weights keep both.
 # - A running bf16 total stalls; ``torch.sum`` and a float32 accumulator do not.
-# - Cross-entropy on bf16 logits returns a bf16 loss; upcast at the loss or run it under
+# - Cross-entropy on bf16 logits returns a bf16 loss that differs from the float32 loss rounded
+#   once (log-probabilities and their mean in bf16); upcast at the loss or run it under
 #   autocast. Optimizer states follow the parameters' dtype.
 #
 # .. admonition:: References

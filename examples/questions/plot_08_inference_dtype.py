@@ -9,7 +9,9 @@ a small model whose activations have the outlier a bf16-trained network develops
 float32, bf16 and fp16 on this build's device. The answers: fp16's largest value, 65504, is
 far below such activations, so fp16 turns them into ``inf`` and the next normalization into
 NaN, while bf16 keeps float32's range; and bf16 probabilities and scores carry 8 significant
-bits, so close candidates tie unless the logits are upcast first.
+bits: upcasting the logits before a sigmoid keeps apart scores a bf16 sigmoid merges, but
+candidates whose bf16 logits already tie stay tied (all of the softmax's ties here) unless the
+logits themselves are float32.
 """
 
 # %%
@@ -89,11 +91,12 @@ print(f"on torch {torch.__version__} ({dev.type}): fp16 overflows to inf, the RM
 # The activation is about ``40 * 2500 = 1e5``, above fp16's largest value (65504) but
 # nowhere near bf16's (3.4e38), whose exponent range is float32's. In fp16 it becomes
 # ``inf``; the normalization divides ``inf`` by ``sqrt(mean(inf**2)) = inf`` and produces NaN,
-# which reaches every logit of the row and the sampler, which refuses NaN probabilities. On
-# a GPU the sampler checks them in a kernel: recorded in a run of this page on an H100 (torch
-# 2.11, ``docs/gpu_pages.sh``), it stopped at the same message as a failed device-side
-# assertion, after which the CUDA context is unusable and the process must restart, so on
-# CUDA the page does not sample NaN.
+# which reaches every logit of the row and the sampler, which refuses NaN probabilities (live
+# on the CPU, asserted above). On a GPU the sampler checks them in a kernel, where a failed
+# check is a device-side assertion that leaves the CUDA context unusable, so on CUDA the page
+# does not sample NaN. A run of this page on an H100 (torch 2.11, ``docs/gpu_pages.sh``) was
+# reported to stop there with the same message; that output is not stored, so it is
+# unverified until the GPU gallery records it.
 # bf16 -> fp16 is the risky direction (a bf16-trained model never had to keep its
 # activations below 65504); fp16 -> bf16 only costs precision (ml-engineering#41). Fixes:
 # serve in bf16; or keep the overflowing modules in float32 (find them with the per-module
@@ -123,28 +126,42 @@ for how, lg, sc in (("bf16 logits, activated in bf16", logits.bfloat16(), scores
     top = torch.topk(p.double(), 50).values
     s = torch.sigmoid(sc)
     rows.append((how, ((p.double() - exact_p).abs() / exact_p).max().item(),
-                 int(torch.unique(top).numel()), int(torch.unique(s).numel())))
-upcast = Table(("how", "max relative error of p", "distinct values among top-50 p",
+                 int(torch.unique(torch.topk(lg, 50).values).numel()),
+                 int(torch.unique(top).numel()), int(torch.unique(sc).numel()),
+                 int(torch.unique(s).numel())))
+upcast = Table(("how", "max relative error of p", "distinct top-50 logits",
+                "distinct values among top-50 p", "distinct scores of 1000",
                 "distinct sigmoid scores of 1000"), tuple(rows),
                f"softmax over 32,000 logits and sigmoid of 1,000 scores on {dev.type}")
 upcast
 
 # %%
 in_bf16, cast_first, f32 = upcast.records()
-assert in_bf16["distinct sigmoid scores of 1000"] < cast_first["distinct sigmoid scores of 1000"]
+SIG, TOP, TOP_LOGITS = ("distinct sigmoid scores of 1000", "distinct values among top-50 p",
+                        "distinct top-50 logits")
+assert in_bf16[SIG] < cast_first[SIG] < f32[SIG]
+assert cast_first[SIG] <= cast_first["distinct scores of 1000"] < f32["distinct scores of 1000"]
 assert in_bf16["max relative error of p"] > cast_first["max relative error of p"]
-assert in_bf16["distinct values among top-50 p"] <= cast_first["distinct values among top-50 p"]
-print(f"sigmoid in bf16 leaves {in_bf16['distinct sigmoid scores of 1000']} distinct scores of "
-      f"1000; after .float() {cast_first['distinct sigmoid scores of 1000']}")
+assert in_bf16[TOP] == cast_first[TOP] == cast_first[TOP_LOGITS] < f32[TOP] == 50
+print(f"sigmoid: {in_bf16[SIG]} distinct scores of 1000 in bf16, {cast_first[SIG]} after "
+      f".float() (the bf16 logits hold {cast_first['distinct scores of 1000']} values), "
+      f"{f32[SIG]} from float32 logits; softmax: the top 50 probabilities take {in_bf16[TOP]} "
+      f"values in bf16 and {cast_first[TOP]} after .float(), as many as the bf16 logits "
+      f"({cast_first[TOP_LOGITS]}); {f32[TOP]} from float32 logits")
 
 # %%
 # Softmax and sigmoid kernels compute in float32 internally, but a bf16 output keeps 8
-# significant bits. For the sigmoid that is what collapses the scores: values between 0.95
-# and 0.98 fall on a handful of bf16 numbers, so a reranker's candidates tie (the last column).
-# For the softmax most of the error is already in the bf16 logits (the middle row keeps it),
-# and activating in bf16 adds a little on top and merges close top-k probabilities. Upcast
-# the logits before the activation (one float32 vector per step); only a float32 model (last
-# row) also removes what rounding the logits lost. Where each dtype loses precision:
+# significant bits. Ties come from two roundings, and upcasting before the activation undoes
+# only the second. For the sigmoid, the output rounding is what collapses the scores most:
+# values between 0.95 and 0.98 fall on a handful of bf16 numbers (the last column), and
+# ``.float()`` first keeps the distinct bf16 logits apart; but the bf16 logits themselves,
+# between 3 and 4, take only the values printed above, so candidates closer than that still
+# tie. For the softmax, close candidates already tie in the bf16 logits: the top 50
+# probabilities take exactly as many values as the top 50 bf16 logits, whether activated in
+# bf16 or after ``.float()``. Upcasting the logits before the activation (one float32 vector
+# per step) fixes the sigmoid's collapse and trims the softmax's error; separating candidates
+# that tie in the logits needs the logits in float32 (the last row: a float32 output layer).
+# Where each dtype loses precision:
 # :ref:`sphx_glr_docs_auto_examples_inference_plot_01_serving_variants.py`.
 
 # %%
@@ -153,8 +170,9 @@ print(f"sigmoid in bf16 leaves {in_bf16['distinct sigmoid scores of 1000']} dist
 # - An outlier activation above 65504 is ``inf`` in fp16, NaN after the next normalization,
 #   and the sampler's ``probability tensor contains either inf, nan or element < 0``; bf16
 #   and float32 serve the same block.
-# - Sigmoid and softmax outputs in bf16 tie where float32 outputs of the same logits differ;
-#   upcast the logits before activating them.
+# - A bf16 sigmoid collapses scores that ``.float()`` first keeps apart; the softmax's top
+#   probabilities tie as often after ``.float()`` as in bf16, because their bf16 logits tie.
+#   Only float32 logits separate all of them.
 #
 # .. admonition:: References
 #

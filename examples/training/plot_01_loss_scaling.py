@@ -429,10 +429,11 @@ if not torch.cuda.is_available():
 # under fp16 autocast (or fp16 weights with a float32 master copy the optimizer steps). Over
 # bf16 autocast, the running torch (printed above) raises nothing: the scaler multiplies and
 # divides by powers of two, which bf16 does exactly, and the scale is not needed, since bf16
-# flushed no gradient above. Over bf16 weights the CPU's unscale kernel runs too, but CUDA's
-# had no bf16 version when this page ran on an H100 with torch 2.11 (``NotImplementedError``
-# from ``_amp_foreach_non_finite_check_and_unscale_cuda``): on a GPU, bf16 weights and a
-# GradScaler do not go together there. A scaler made for ``"cuda"`` on a machine without CUDA
+# flushed no gradient above. Over bf16 weights the CPU's unscale kernel runs too. Whether CUDA's
+# unscale kernel (``_amp_foreach_non_finite_check_and_unscale_cuda``) accepts bf16 gradients is
+# not shown here: a run of this page on an H100 with torch 2.11 was reported to raise
+# ``NotImplementedError`` there, but that output is not stored, so it is unverified until the
+# GPU gallery records it. A scaler made for ``"cuda"`` on a machine without CUDA
 # switches itself off with a warning, and the loss goes unscaled.
 #
 # What we saw
@@ -452,7 +453,7 @@ if not torch.cuda.is_available():
 #   matched float32's clipped update.
 # - fp16 weights with a scaler raise ``Attempting to unscale FP16 gradients``; bf16 autocast
 #   with a scaler runs in this torch, bf16 weights with a scaler on the CPU (CUDA's unscale
-#   kernel lacked bf16 on an H100 with torch 2.11); a ``"cuda"`` scaler without CUDA disables
+#   kernel with bf16: unverified until recorded); a ``"cuda"`` scaler without CUDA disables
 #   itself.
 #
 # .. admonition:: References

@@ -10,9 +10,10 @@ every tensor handed to a collective, and each rank's own gradients give the refe
 mean of what the ranks computed (what communication alone changed) and the float64 gradient.
 The answer: the hooks halve the bytes and leave float32 gradients on the parameters; fp16
 compression is the more precise for gradients of ordinary size but flushes small ones to
-zero, where bf16 keeps them at its coarser precision; FSDP2 all-gathers parameters in ``param_dtype`` and
-reduce-scatters gradients in ``reduce_dtype`` (a float32 reduction of bf16 gradients is
-exact), keeps float32 gradient shards, and returns the output in ``output_dtype``.
+zero, where bf16 keeps them at its coarser precision; FSDP2 all-gathers parameters in
+``param_dtype`` and reduce-scatters gradients in ``reduce_dtype`` (a float32 reduction of bf16
+gradients is exact), keeps gradient shards in the dtype of the model it sharded (float32 here,
+since the MLP is float32), and returns the output in ``output_dtype``.
 """
 
 # %%
@@ -162,9 +163,12 @@ for setup in ddp_runs:
 # FSDP2 shards each ``Linear``'s parameters over the ranks, all-gathers them before forward and
 # again before backward, and reduce-scatters the gradients. With ``param_dtype=bf16`` the
 # all-gathers carry bf16; the reduce-scatter carries ``reduce_dtype``. The gradient shards on the
-# parameters are float32 in every setup, and the output is bf16 unless ``output_dtype`` says
-# otherwise. Against the mean of the ranks' own bf16 gradients, a float32 reduction is exact;
-# a bf16 one rounds the sum.
+# parameters are float32 in every setup here, because the MLP is float32 when it is sharded: a
+# model cast to bf16 before ``fully_shard`` gets bf16 shards, gradient shards and optimizer
+# states whatever ``reduce_dtype`` is
+# (:ref:`sphx_glr_docs_auto_examples_autograd_plot_05_grad_dtypes.py` runs both). The output is
+# bf16 unless ``output_dtype`` says otherwise. Against the mean of the ranks' own bf16
+# gradients, a float32 reduction is exact; a bf16 one rounds the sum.
 fsdp = {setup: comm.get(setup) for setup in distributed.COMM_SETUPS if setup.startswith("FSDP2")}
 plain_fsdp = fsdp["FSDP2"]
 assert plain_fsdp.comm_dtypes == (torch.float32,)
@@ -209,7 +213,8 @@ _ = plots.communication_costs(
 # - fp16 compression was the more precise of the two at the loss as it was, and flushed almost
 #   every gradient to zero with the loss multiplied by ``1e-7``, where bf16 kept them.
 # - FSDP2 all-gathers parameters in ``param_dtype`` before forward and before backward,
-#   reduce-scatters gradients in ``reduce_dtype``, keeps float32 gradient shards, and returns
+#   reduce-scatters gradients in ``reduce_dtype``, keeps float32 gradient shards (the MLP was
+#   float32 when sharded; a bf16 model keeps bf16 ones), and returns
 #   ``output_dtype`` (bf16 when unset, with bf16 parameters). A float32 reduction of the bf16
 #   gradients was exact; a bf16 reduction rounded it.
 # - Every rank held the same reduced gradient in every setup.

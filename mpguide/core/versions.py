@@ -120,10 +120,10 @@ _change(
 _change(
     "dynamo_user_error_type",
     "2.12",
-    before="an exception raised in a compiled function reaches the caller wrapped with its type "
-    "only, not its message",
-    after="an exception raised in a compiled function reaches the caller wrapped with its "
-    "type and message",
+    before="an exception raised in a compiled function reaches the caller as Unsupported, its "
+    "type and message shown only inside Dynamo's description of the variables, not as raised",
+    after="an exception raised in a compiled function reaches the caller as Unsupported, with "
+    "the exception as raised (type and message) further down the error text",
 )
 _change(
     "inductor_cpu_bf16_round_trip",
@@ -144,9 +144,12 @@ _change(
 
 # -- formats -------------------------------------------------------------------------------------
 # Measured on the CPU with 2.11.0, 2.12.1, 2.13.0 and 2.14.1 (torchao's float8 code says 2.12).
+# The probe casts 1000 and inf; the boundary of the rounding before 2.13 is half a step past 448
+# (the next step, 480, is e4m3fn's NaN code): 464 is a tie and rounds to even, 448.
 _change(
     "fp8_e4m3fn_cast_saturates",
     "2.13",
-    before="a cast to float8_e4m3fn turns finite values past 448 and infinities into NaN",
-    after="a cast to float8_e4m3fn saturates finite values past 448 and infinities to ±448",
+    before="a cast to float8_e4m3fn rounds to nearest without saturating: finite values in "
+    "(448, 464] round to ±448, larger ones and infinities become NaN",
+    after="a cast to float8_e4m3fn saturates every finite value past 448 and infinities to ±448",
 )
