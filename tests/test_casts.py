@@ -553,4 +553,73 @@ def test_recorded_cuda_step_casts_every_linear_weight_on_kernels():
     assert all(c.forward_id is not None for c in rep if c.backward and c.target == "float32")
     assert rep.gpu and all(c.gpu_us > 0 for c in rep if c.shape)
     cast_us, step_us, share = rep.share_of_steps(gpu=True)
-    assert 0 < cast_us < step_us and 0 < share < 1
+    # The step's kernels: 5,806.4 us launched by the main thread under ProfilerStep#N, and
+    # 11,434.6 us by autograd's engine thread (tid 553) during the step, outside its node.
+    assert cast_us == pytest.approx(1349.885, abs=1e-3)
+    assert step_us == pytest.approx(17240.947, abs=1e-3)
+    assert f"{share:.1%}" == "7.8%"
+
+
+def _launched_by_thread(tree):
+    """The kernel time of the step, by the thread that launched it: what the share's
+    denominator is made of, read from the tree one kernel at a time."""
+    (step,) = tree.steps()
+    found = Counter()
+    for k in tree.find(predicate=lambda n: n.is_gpu and n.parent is not None):
+        launch = k.parent
+        if step.start <= launch.start < step.start + step.dur:
+            found[tree.trace.tid.value(launch.id)] += k.dur
+    return step, found
+
+
+def test_the_step_counts_the_kernels_the_backward_thread_launched():
+    tree, report = real(GPU / "h100_mpguide_bf16_train_step.json.gz")
+    step, by_thread = _launched_by_thread(tree)
+    assert tree.trace.tid.value(step.id) == 512 and set(by_thread) == {512, 553}
+    assert by_thread[512] == pytest.approx(step.gpu_time) == pytest.approx(5806.378, abs=1e-3)
+    assert by_thread[553] == pytest.approx(11434.569, abs=1e-3)
+    assert report.step_gpu_us == pytest.approx(sum(by_thread.values()))
+
+
+@pytest.mark.parametrize(
+    ("path", "kernel_us", "under_node_us"),
+    [
+        (A100_STEP, 81184.0, 27599.0),  # DDP: the backward thread's and NCCL's launches
+        (DATA / "ranks" / "sampled_rank-0.json.gz", 607844.0, 361938.0),
+        (DATA / "ranks" / "sampled_rank-1.json.gz", 667530.0, 350183.0),
+        (H100_QWEN, 31905.473, 31905.473),  # inference: one thread launches all
+        (MI300_QWEN, 29743.938, 29743.938),
+    ],
+)
+def test_step_kernel_time_of_the_recorded_traces(path, kernel_us, under_node_us):
+    tree, report = real(path, python=False)
+    steps = tree.steps()
+    assert report.step_gpu_us == pytest.approx(kernel_us, abs=1e-3)
+    assert sum(s.gpu_time for s in steps) == pytest.approx(under_node_us, abs=1e-3)
+
+
+def test_kernels_launched_during_the_step_by_another_thread_count_and_others_do_not():
+    """A step on thread 1; thread 2 launches one kernel during it, one after it; a launch of
+    another process during it does not count, nor a kernel without a launch."""
+
+    def launch(ts, corr, tid, pid=1):
+        return {**op("cudaLaunchKernel", ts, 2.0, "cuda_runtime", tid, correlation=corr),
+                "pid": pid}
+
+    def kernel(ts, dur, corr):
+        return {**op("kernel_x", ts, dur, "kernel", 7, correlation=corr), "pid": 0}
+
+    events = [
+        op("ProfilerStep#1", BASE, 100.0, "user_annotation"),
+        launch(BASE + 10, 1, 1),
+        kernel(BASE + 20, 5.0, 1),
+        launch(BASE + 50, 2, 2),
+        kernel(BASE + 60, 7.0, 2),
+        launch(BASE + 150, 3, 2),
+        kernel(BASE + 160, 11.0, 3),
+        launch(BASE + 40, 4, 1, pid=2),
+        kernel(BASE + 45, 13.0, 4),
+        kernel(BASE + 70, 17.0, 99),
+    ]
+    report = report_of(*events)
+    assert report.step_gpu_us == 5.0 + 7.0

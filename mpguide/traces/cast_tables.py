@@ -107,7 +107,8 @@ LEGEND = (
     "first; casts: how many; written: the bytes they wrote; CPU: their time on the CPU (the "
     "cast ops themselves); GPU: the time of the kernels they launched; CPU %: CPU over the "
     "CPU time of the profiled steps (ProfilerStep#N ranges); GPU %: GPU over the time of the "
-    "kernels launched in those steps (GPU columns only when the trace has kernels). json and "
+    "kernels launched during those steps, by any thread (autograd's backward thread too; GPU "
+    "columns only when the trace has kernels). json and "
     "csv keep the numbers in microseconds and fractions (cpu us, share of step, ...) and add, "
     "by cause, cause cpu us and cause gpu us: the time of the op, module or frame that "
     "caused the casts, less the casts inside it."
@@ -305,7 +306,8 @@ class CastReport:
 
     def share_of_steps(self, gpu: bool) -> tuple[float, float, float]:
         """The casts' time, the profiled steps' time and the first over the second: with
-        ``gpu``, the casts' kernel time over the kernel time launched in the steps, else
+        ``gpu``, the casts' kernel time over the kernel time launched during the steps by
+        any thread (:func:`mpguide.traces.casts.launched_in_steps`), else
         their CPU time over the steps' duration (the ``ProfilerStep#N`` ranges).
         MPGuideError when the trace has no step, or no kernel in it for ``gpu``."""
         steps = self.step_gpu_us if gpu else self.step_us
@@ -467,7 +469,7 @@ class CastReport:
         ``cause cpu us`` and ``cause gpu us`` are the time of the causing nodes (op, module
         or frame) less the casts in them, to set a cast's cost against the work of what asked
         for it (blank where the casts have no causing node). ``gpu share of step`` is the
-        GPU time over that of the kernels launched in the profiled steps.
+        GPU time over that of the kernels launched during the profiled steps, by any thread.
         """
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")

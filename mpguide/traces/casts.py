@@ -107,6 +107,7 @@ __all__ = [
     "dtype_of",
     "fused_kind",
     "kernel_label",
+    "launched_in_steps",
     "needs_args",
     "pair_label",
     "percent_text",
@@ -137,13 +138,36 @@ def _cast_args(raws: list[bytes], source: str) -> list:
         ) from None
 
 
+def launched_in_steps(tree: Tree) -> np.ndarray:
+    """Mask of the GPU work (kernels, memcpys, memsets) whose launch started during a
+    profiled step (a ``ProfilerStep#N`` range) of its process, on any of its threads:
+    autograd's engine thread launches the backward kernels inside the step's time but not
+    under its node. GPU work whose launch is not in the trace is not counted."""
+    out = np.zeros(len(tree.parent), bool)
+    steps = np.flatnonzero(tree.step_mask())
+    work = np.flatnonzero(tree.gpu_work & (tree.parent >= 0))
+    if not (len(steps) and len(work)):
+        return out
+    ts, pid = tree.trace.ts, tree.trace.pid.codes
+    launch = tree.parent[work].astype(np.int64)
+    inside = np.zeros(len(work), bool)
+    for p in np.unique(pid[steps]).tolist():
+        mine = steps[pid[steps] == p]
+        mine = mine[np.argsort(ts[mine], kind="stable")]
+        start = ts[mine]
+        reach = np.maximum.accumulate(start + tree.dur_us[mine])  # overlapping steps too
+        at = np.flatnonzero(pid[launch] == p)
+        when = ts[launch[at]]
+        k = np.searchsorted(start, when, side="right") - 1
+        inside[at] = (k >= 0) & (when < reach[np.maximum(k, 0)])
+    out[work[inside]] = True
+    return out
+
+
 def _steps_gpu_us(tree: Tree) -> float | None:
-    """The time of the GPU work launched in the profiled steps, None without steps or GPU
-    work linked to them."""
-    steps = tree.step_mask()
-    if not (steps.any() and tree.gpu_work.any()):
-        return None
-    return sum(tree.gpu_us[steps].tolist()) or None
+    """The time of the GPU work launched during the profiled steps
+    (:func:`launched_in_steps`), None without steps or GPU work launched in them."""
+    return sum(tree.dur_us[launched_in_steps(tree)].tolist()) or None
 
 
 def _steps_us(tree: Tree) -> float | None:
@@ -281,7 +305,8 @@ def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
 def report(tree: Tree) -> CastReport:
     """Every cast in ``tree``: a chain of cast ops whose dtypes differ, with its cause (see
     the module docs), and the casts fused into kernels. Share is CPU time over the time of
-    the profiled steps (``ProfilerStep#N``); unknown without them."""
+    the profiled steps (``ProfilerStep#N``), and GPU time over that of the GPU work launched
+    during them (:func:`launched_in_steps`); unknown without them."""
     is_cast_op = tree.named(CAST_OPS.__contains__)
     under_cast = np.zeros_like(is_cast_op)
     has_parent = tree.parent >= 0
