@@ -428,6 +428,10 @@ DIRECT_COPY = (
         (VLLM_NORM, "vendor", "vllm::fused_add_rms_norm_kernel [vllm::_typeConvert]"),
         ("SubTensorOpWithCastTensor1d", "vendor", "SubTensorOpWithCastTensor1d"),
         ("aten::_to_copy", None, "aten::_to_copy"),
+        ("vllm::rocm_unquantized_gemm", None, "vllm::rocm_unquantized_gemm"),
+        ("UnquantizedFusedMoEMethod", None, "UnquantizedFusedMoEMethod"),
+        ("dynamic_per_token_scaled_fp8_quant", "quantize", "dynamic_per_token_scaled_fp8_quant"),
+        ("_C::dequantize_kernel", "quantize", "_C::dequantize_kernel"),
         (DIRECT_COPY, None, "at::native::unrolled_elementwise_kernel"),
     ],
 )
@@ -603,8 +607,10 @@ def test_kernels_launched_during_the_step_by_another_thread_count_and_others_do_
     another process during it does not count, nor a kernel without a launch."""
 
     def launch(ts, corr, tid, pid=1):
-        return {**op("cudaLaunchKernel", ts, 2.0, "cuda_runtime", tid, correlation=corr),
-                "pid": pid}
+        return {
+            **op("cudaLaunchKernel", ts, 2.0, "cuda_runtime", tid, correlation=corr),
+            "pid": pid,
+        }
 
     def kernel(ts, dur, corr):
         return {**op("kernel_x", ts, dur, "kernel", 7, correlation=corr), "pid": 0}
@@ -623,3 +629,32 @@ def test_kernels_launched_during_the_step_by_another_thread_count_and_others_do_
     ]
     report = report_of(*events)
     assert report.step_gpu_us == 5.0 + 7.0
+
+
+def test_a_graph_capture_counts_its_kernels_not_the_capture_time_ops():
+    """The shape of a CUDA/HIP graph capture trace (xdit's and vLLM's): the inductor kernel's
+    CPU op ran at capture and launched nothing; the graph's replay launched the kernels. A
+    plain GEMM named "unquantized" converts nothing."""
+    fused = "triton_red_fused__to_copy_view_24"
+    events = [
+        op(fused, BASE, 20.0),
+        op("vllm::rocm_unquantized_gemm", BASE + 30, 40.0),
+        op("hipGraphLaunch", BASE + 100, 5.0, "cuda_runtime", correlation=5),
+        {**op(fused, BASE + 110, 3.0, "kernel", 7, correlation=5), "pid": 0},
+        {**op(fused, BASE + 120, 4.0, "kernel", 7, correlation=5), "pid": 0},
+        {**op("Cijk_gemm", BASE + 130, 9.0, "kernel", 7, correlation=5), "pid": 0},
+    ]
+    report = report_of(*events)
+    fused_casts = report.fused
+    (row,) = fused_casts.table().records()
+    assert (row["kernel"], row["device"], row["kernels"], row["kernel us"]) == (
+        fused,
+        "gpu",
+        2,
+        7.0,
+    )
+    assert row["cause"] == casts.TOP_LEVEL  # a launch is not a cause
+    assert (fused_casts.cpu_only, fused_casts.cpu_only_us) == (1, 20.0)
+    note = "1 CPU events named like fused cast kernels launched no GPU work (20.0 µs of CPU time"
+    assert any(n.startswith(note) for n in report.summary().notes)
+    assert fused_casts.table().caption.startswith("2 fused cast kernels, 7.0 µs")

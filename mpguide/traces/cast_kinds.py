@@ -24,10 +24,11 @@ FUSED_KINDS = {
     "compiled": re.compile(r"_to_copy|convert_element_type"),
     "copy kernel": re.compile(r"\w*float\w*_copy_kernel\w*"),
     "vendor": re.compile(r"type_?convert|cast_?tensor|cast_transpose|cast_kernel", re.IGNORECASE),
-    "quantize": re.compile(r"quantize|fp8_quant|fp4_quant", re.IGNORECASE),
+    "quantize": re.compile(r"(?<!un)quantize|fp8_quant|fp4_quant", re.IGNORECASE),
 }
 """What names a fused cast: inductor's kernels, ATen's dtype-specific copy kernels, vendor
-kernels that convert, and quantizing kernels (to fp8 or fp4, with scales)."""
+kernels that convert, and quantizing kernels (to fp8 or fp4, with scales); a kernel named
+"unquantized" (vLLM's ``rocm_unquantized_gemm``, a plain GEMM) does not quantize."""
 
 # c10::ScalarType codes (c10/core/ScalarType.h) of the types a cast can name.
 SCALAR_TYPES = {

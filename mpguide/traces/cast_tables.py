@@ -147,6 +147,20 @@ def readable(table: Table) -> Table:
     return Table(columns, rows, table.caption, table.notes)
 
 
+def _unlaunched_note(fused: FusedCasts, listed: str) -> list[str]:
+    """The sentence on the cast kernels whose launch is not in the trace, when there are
+    some: they are not fused casts, and ``listed`` says where they are shown."""
+    unlaunched = fused.unlaunched
+    if not unlaunched.any():
+        return []
+    us = float(fused.us[unlaunched].sum())
+    return [
+        f"{int(unlaunched.sum())} more cast kernels ({duration_text(us)}) were launched before "
+        f"the trace began (a previous step's copies): not fused casts, not counted; {listed} "
+        + NO_LAUNCH
+    ]
+
+
 def _significant(x: float) -> float:
     """``x`` to four significant digits: a small share stays visible, never 0."""
     return float(f"{x:.4g}")
@@ -171,7 +185,10 @@ class FusedCasts:
     """Kernels that convert dtypes inside their own work, outside any cast op, one array per
     column: ``ids``, ``kind`` (index into :data:`FUSED_KINDS`' keys), ``kernel`` (index into
     ``kernels``, short names), ``cause`` (index into ``causes``), ``backward``, ``us`` (the
-    kernel's own duration) and ``gpu`` (whether it ran on the device)."""
+    kernel's own duration) and ``gpu`` (whether it ran on the device). ``cpu_only`` counts
+    the CPU events of a trace with GPU work that are named like fused cast kernels but
+    launched no GPU work (a graph capture's ops, whose kernels run at replay), and
+    ``cpu_only_us`` is their CPU time: they are not kernel time, and not rows."""
 
     ids: np.ndarray
     kind: np.ndarray
@@ -182,9 +199,23 @@ class FusedCasts:
     gpu: np.ndarray
     kernels: list[str]
     causes: list[str]
+    cpu_only: int = 0
+    cpu_only_us: float = 0.0
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def cpu_only_note(self) -> list[str]:
+        """The sentence on the CPU events named like fused cast kernels that launched no GPU
+        work, when there are some."""
+        if not self.cpu_only:
+            return []
+        text = (
+            f"{self.cpu_only:,} CPU events named like fused cast kernels launched no GPU work "
+            f"({duration_text(self.cpu_only_us)} of CPU time; in a CUDA or HIP graph's capture "
+            "their kernels run later, at replay): not counted as kernel time"
+        )
+        return [text]
 
     @property
     def total_us(self) -> float:
@@ -224,14 +255,22 @@ class FusedCasts:
                     round(t, 3),
                 )
             )
-        rows = [rows[i] for i in np.lexsort((first, -us)).tolist()]
+        last = np.zeros(k, bool)  # the kernels launched before the trace, after the others
+        if NO_LAUNCH in self.causes:
+            last = present // 2 % n_c == self.causes.index(NO_LAUNCH)
+        rows = [rows[i] for i in np.lexsort((first, -us, last)).tolist()]
         columns = ("kernel", "kind", "cause", "pass", "device", "kernels", "kernel us")
+        unlaunched = self.unlaunched
+        n = len(self) - int(unlaunched.sum())
         caption = (
-            f"{len(self)} fused cast kernel{'' if len(self) == 1 else 's'}, "
-            f"{duration_text(self.total_us)}: their dtypes are not in the trace, their time is "
-            "the whole kernel's"
+            f"{n} fused cast kernel{'' if n == 1 else 's'}, "
+            f"{duration_text(float(self.us[~unlaunched].sum()))}: their dtypes are not in the "
+            "trace, their time is the whole kernel's"
+            if n
+            else "no fused cast kernels launched in the trace"
         )
-        return _limited(columns, rows, [], limit, caption, [])
+        notes = _unlaunched_note(self, "listed last, as") + self.cpu_only_note()
+        return _limited(columns, rows, [], limit, caption, notes)
 
     def __repr__(self) -> str:
         return self.table().to_text()
@@ -375,14 +414,8 @@ class CastReport:
                 f"{fused} casts fused into kernels ({duration_text(us)} of kernel time) are "
                 "not in these rows: --by fused lists them"
             )
-        if unlaunched.any():
-            us = float(self.fused.us[unlaunched].sum())
-            notes.append(
-                f"{int(unlaunched.sum())} more cast kernels ({duration_text(us)}) were launched "
-                "before the trace began (a previous step's copies): not counted above, --by "
-                "fused lists them as " + NO_LAUNCH
-            )
-        return notes
+        notes += _unlaunched_note(self.fused, "--by fused lists them apart, as")
+        return notes + self.fused.cpu_only_note()
 
     def _folded(self, keep: np.ndarray, columns: tuple[str, ...], label: str) -> list[tuple]:
         """The one row, in ``columns``, that stands for the 0-d casts left out of ``keep``,

@@ -287,18 +287,28 @@ def _tie_backward(tree: Tree, ids: np.ndarray, sequence: np.ndarray, pair, pairs
     return forward
 
 
-def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
+def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The events whose name marks a fused cast, in time order, and their kind: kernels,
-    and CPU events that launched no GPU work (a CPU event that did is left to its kernels)."""
+    and in a trace without GPU work the CPU events (the CPU's kernels); and apart, in a
+    trace with GPU work, the CPU events so named that launched no GPU work: in a CUDA or HIP
+    graph's capture these are capture-time ops whose kernels run later, at replay. A CPU
+    event that launched GPU work is left to its kernels."""
     kinds = list(FUSED_KINDS)
     kind_of = [kinds.index(k) if (k := fused_kind(n)) else -1 for n in tree.trace.name.values]
     kind = np.array(kind_of, dtype=np.int8)[tree.trace.name.codes]
     frames = tree.in_category(lambda c: c == PYTHON or c in RUNTIME_CATEGORIES)
-    candidate = (kind >= 0) & ~frames
+    candidate = (kind >= 0) & ~frames & tree.included
+    idle = np.zeros_like(candidate)
     if candidate.any():
-        candidate[candidate] = tree.gpu_work[candidate] | (tree.gpu_us[candidate] == 0)
+        on_gpu = tree.gpu_work[candidate]
+        alone = ~on_gpu & (tree.gpu_us[candidate] == 0)
+        if tree.gpu_work.any():
+            idle[candidate] = alone
+            candidate[candidate] = on_gpu
+        else:
+            candidate[candidate] = alone
     ids = tree.order[candidate[tree.order]]
-    return ids, kind[ids].astype(np.int64)
+    return ids, kind[ids].astype(np.int64), np.flatnonzero(idle)
 
 
 @paused_gc()
@@ -337,7 +347,7 @@ def report(tree: Tree) -> CastReport:
         else:
             untyped += int(nothing[k])
     ids, pair, shape, sequence = ids[kept], pair[kept], shape[kept], sequence[kept]
-    fused_ids, fused_kinds = _fused(tree)
+    fused_ids, fused_kinds, idle = _fused(tree)
     n = len(ids)
     ctx, ended = _contexts(tree, np.concatenate((ids, fused_ids)))
     cause_ids = np.where(ctx.op >= 0, ctx.op, np.where(ctx.module >= 0, ctx.module, ctx.frame))
@@ -367,6 +377,8 @@ def report(tree: Tree) -> CastReport:
         gpu=tree.gpu_work[fid],
         kernels=kernels,
         causes=causes,
+        cpu_only=len(idle),
+        cpu_only_us=float(dur[idle].sum()),
     )
     cause_ids = cause_ids[:n]
     caused = cause_ids >= 0
