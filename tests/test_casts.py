@@ -658,3 +658,44 @@ def test_a_graph_capture_counts_its_kernels_not_the_capture_time_ops():
     note = "1 CPU events named like fused cast kernels launched no GPU work (20.0 µs of CPU time"
     assert any(n.startswith(note) for n in report.summary().notes)
     assert fused_casts.table().caption.startswith("2 fused cast kernels, 7.0 µs")
+
+
+@pytest.mark.parametrize(
+    ("shape", "kept"),
+    [
+        ((2**31, 2**31, 2), False),  # 2**63 elements: more than int64 counts
+        ((2**31, 2**31 - 1, 2), True),
+        ((3, -1), False),
+        ((0, 2**70), True),  # no element
+        ((1,) * 100, True),
+    ],
+)
+def test_a_shape_is_kept_when_a_tensor_can_have_it(shape, kept):
+    (cast,) = report_of(*to_chain(BASE, list(shape), "float", "c10::BFloat16", "15"))
+    assert (cast.shape == shape) is kept and (cast.shape is None) is not kept
+
+
+def test_a_cast_of_a_million_dims_costs_time_linear_in_its_dims():
+    """A hostile trace: one cast whose shape lists a million dims of 2. Their product, taken
+    whole, costs time that grows as the square of the dims (math.prod took 27 s for a
+    million where this was written, and five million never finished); bounded, the report
+    takes a fraction of a second."""
+    import time
+
+    dims = [2] * 1_000_000
+    events = [
+        op(
+            "aten::to",
+            BASE,
+            10.0,
+            **{
+                "Input type": ["float", "Scalar"],
+                "Input Dims": [dims, []],
+                "Concrete Inputs": ["", "15"],
+            },
+        )
+    ]
+    began = time.perf_counter()
+    (cast,) = report_of(*events)
+    assert time.perf_counter() - began < 8.0
+    assert (cast.source, cast.target, cast.shape) == ("float32", "bfloat16", None)
