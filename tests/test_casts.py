@@ -699,3 +699,20 @@ def test_a_cast_of_a_million_dims_costs_time_linear_in_its_dims():
     (cast,) = report_of(*events)
     assert time.perf_counter() - began < 8.0
     assert (cast.source, cast.target, cast.shape) == ("float32", "bfloat16", None)
+
+
+def test_a_cast_climbs_to_the_outer_module_when_the_inner_one_ended_before_it():
+    """Outer holds the cast in time; Inner, nested in Outer, ends while the cast runs, so
+    nesting puts the cast under Inner. The cause is Outer, and the note says why."""
+    events = [
+        op("nn.Module: Outer_0", BASE, 100.0, cat="python_function"),
+        op("nn.Module: Inner_0", BASE + 2, 10.0, cat="python_function"),
+        *to_chain(BASE + 8, [64], "float", "c10::BFloat16", "15"),
+    ]
+    doc = json.dumps({"traceEvents": events}).encode()
+    tree = trace.parse(doc).tree(python=True)
+    (cast,) = casts.report(tree)
+    assert tree.node(cast.id).parent.name == "nn.Module: Inner_0"
+    assert (cast.module, cast.cause) == ("Outer", "Outer")
+    notes = casts.report(tree).notes
+    assert any("1 casts nest under a module or line whose event had ended" in n for n in notes)

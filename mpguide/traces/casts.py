@@ -210,23 +210,28 @@ def _contexts(tree: Tree, ids: np.ndarray) -> tuple[_Context, int]:
     frame = python & tree.named(_readers_frame)
     grad = tree.named(lambda n: n.startswith(BACKWARD_MARK))
     found = _Context(*tree.nearest(ids, causing, module, frame, grad, cast_op))
+    # Where the trace's Python events overlap, nesting can put a cast under a module or
+    # frame that had ended before it began: the innermost one that holds the cast in time is
+    # its cause, found by climbing. GPU kernels run after their launch, out of the CPU
+    # events' time: only the CPU's are held.
+    ts, end = tree.trace.ts, tree.trace.ts + tree.dur_us
+    cpu = ~tree.gpu_work[ids]
+    ended = np.zeros(len(ids), bool)
+    for above, mask in ((found.module, module), (found.frame, frame)):
+        climbing = np.flatnonzero(above >= 0)
+        while len(climbing):
+            at, mine = above[climbing], ids[climbing]
+            gone = cpu[climbing] & ((ts[at] > ts[mine]) | (end[mine] > end[at]))
+            climbing = climbing[gone]
+            ended[climbing] = True
+            (above[climbing],) = tree.nearest(above[climbing], mask)
+            climbing = climbing[above[climbing] >= 0]
     # What lies above the Python code (a range such as a step's) or above the backward node
     # (the Python code that called backward()) is context, not cause.
     depth = np.append(tree.depth, tree.depth.dtype.type(-1))
     found.op[depth[found.op] < np.maximum(depth[found.module], depth[found.frame])] = -1
     for above in (found.module, found.frame):
         above[depth[above] < depth[found.grad]] = -1
-    # Where the trace's Python events overlap, nesting can put a cast under a module or
-    # frame that had ended before it began: only one that holds the cast in time is a cause.
-    # GPU kernels run after their launch, out of the CPU events' time: only the CPU's are held.
-    ts, end = tree.trace.ts, tree.trace.ts + tree.dur_us
-    cpu = ~tree.gpu_work[ids]
-    ended = np.zeros(len(ids), bool)
-    for above in (found.module, found.frame):
-        at = np.maximum(above, 0)
-        held = ~cpu | ((ts[at] <= ts[ids]) & (end[ids] <= end[at]))
-        ended |= (above >= 0) & ~held
-        above[~held] = -1
     return found, int(ended.sum())
 
 
