@@ -440,7 +440,9 @@ class CastReport:
     def table(self, by: str = "cast", *, scalars: bool = True, limit: int | None = None) -> Table:
         """One row per cast (``by="cast"``), a :meth:`summary` (``by`` one of
         :data:`SUMMARY_KEYS`), or the fused casts (``"fused"``). Without ``scalars`` the
-        casts of 0-d tensors are folded into one last row; ``limit`` caps the other rows."""
+        casts of 0-d tensors are folded into one row: one row per cast is in time order and
+        the folded row comes last (``limit`` caps the others), a summary sorts it with the
+        others."""
         if by == "fused":
             return self.fused.table(limit=limit)
         if by != "cast":
@@ -496,7 +498,8 @@ class CastReport:
         """Casts aggregated by ``cause``, ``module``, ``pair`` (source and target),
         ``direction`` or ``pass``: count, bytes, CPU and GPU time, and share of the profiled
         steps, largest CPU time first. Without ``scalars`` the casts of 0-d tensors are
-        folded into one last row; ``limit`` caps the other rows.
+        folded into one row (:data:`FOLDED`), sorted with the others; ``limit`` caps the
+        rows.
 
         By cause, ``dtypes`` names the directions of each row's casts, most first, and
         ``cause cpu us`` and ``cause gpu us`` are the time of the causing nodes (op, module
@@ -546,8 +549,12 @@ class CastReport:
         )
         names_fit, rows = self._fit(names, rows)
         folded = self._folded(keep, names_fit, keys[0])
+        if folded:  # sorted with the others by CPU time, after those of as much
+            cpu_at = names_fit.index("cpu us")
+            at = sum(r[cpu_at] >= folded[0][cpu_at] for r in rows)
+            rows = [*rows[:at], *folded, *rows[at:]]
         notes = self._notes(bool(np.isnan(written_all).any()))
-        return _limited(names_fit, rows, folded, limit, f"casts by {by}", notes)
+        return _limited(names_fit, rows, [], limit, f"casts by {by}", notes)
 
     def _directions(self, group: np.ndarray, pair: np.ndarray, present: np.ndarray) -> list[str]:
         """Per group in ``present``, its casts' dtype directions, most casts first."""
