@@ -257,7 +257,7 @@ def _ranks_out(found, fmt: str) -> str:
 
 
 def _casts(args: argparse.Namespace) -> str:
-    from mpguide.traces import casts
+    from mpguide.traces import cast_text, casts
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
@@ -269,9 +269,17 @@ def _casts(args: argparse.Namespace) -> str:
     tree = _load(args, casts.needs_args).tree(python=True)
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
-    table = casts.report(tree).table(args.by, scalars=args.scalars, limit=args.limit or None)
+    report = casts.report(tree)
+    table = report.table(args.by, scalars=args.scalars, limit=args.limit or None)
     if args.format in ("text", "markdown"):
         table = casts.readable(table)
+        if not table.rows:  # one line, and the notes
+            what = "fused cast kernels" if args.by == "fused" else "casts"
+            what = "cast ops" if what == "casts" and len(report.fused) else what
+            width = terminal.width() if args.format == "text" else None
+            return cast_text.empty(table, what, width)
+    if args.format == "text":  # the causes whole, on lines of their own where they must
+        return cast_text.fitted(table, terminal.width())
     if args.format == "csv":  # CSV has no place for them
         for note in table.notes:
             print(f"mpguide: note: {note}", file=sys.stderr)

@@ -410,9 +410,10 @@ class CastReport:
         fused = len(self.fused) - int(unlaunched.sum())
         if fused:
             us = float(self.fused.us[~unlaunched].sum())
+            where = "are not in these rows" if len(self) else "are not cast ops"
             notes.append(
-                f"{fused} casts fused into kernels ({duration_text(us)} of kernel time) are "
-                "not in these rows: --by fused lists them"
+                f"{fused} casts fused into kernels ({duration_text(us)} of kernel time) {where}: "
+                "--by fused lists them"
             )
         notes += _unlaunched_note(self.fused, "--by fused lists them apart, as")
         return notes + self.fused.cpu_only_note()
