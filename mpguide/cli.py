@@ -247,13 +247,15 @@ def _across(args: argparse.Namespace) -> dict:
 
 
 def _ranks_out(found, fmt: str) -> str:
+    from mpguide.traces import rank_text
+
     for row in found.rows:
         for loss in row.losses:
             print(f"mpguide: note: {escape_controls(row.file)}: {loss}", file=sys.stderr)
     if fmt == "csv":  # CSV has no place for them
         for skipped in found.skipped:
             print(f"mpguide: note: {escape_controls(skipped)}", file=sys.stderr)
-    return _shown(found, fmt)
+    return rank_text.render(found, fmt, terminal.width())  # text in units a person reads
 
 
 def _casts(args: argparse.Namespace) -> str:

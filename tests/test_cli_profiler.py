@@ -354,3 +354,30 @@ def test_no_casts_is_one_line_then_the_notes(capsys, path, by, first):
     assert main(["casts", str(path), "--by", by]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == first and not any(line.startswith("---") for line in lines)
+
+
+@pytest.mark.parametrize("command", ["casts", "tree"])
+def test_a_directory_prints_units_and_percentages(capsys, command):
+    """The rows per rank and the summary across ranks in ms, µs or s and %, as the report of
+    one trace; JSON keeps microseconds and fractions."""
+    ranks_dir = str(DATA / "ranks")
+    assert main([command, ranks_dir, "--jobs", "1", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert main([command, ranks_dir, "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"\de[+-]\d", out), out
+    lines = out.splitlines()
+    for row in doc["ranks"]["rows"]:
+        (line,) = [x for x in lines if x.startswith(f"{row['rank']}  ")]
+        if command == "casts":
+            share = 100 * row["share of step"]
+            assert f"{share:.2f}%" in line and ("µs" in line or "ms" in line)
+            assert f"{row['events']:,}" in line
+        else:
+            assert f"{row['step us'] / 1e6:.2f} s" in line
+            assert f"{row['gpu us'] / 1e3:.2f} ms" in line
+    headline = lines[-1]
+    assert headline.startswith(("most time in casts: rank ", "longest profiled steps: rank "))
+    assert re.search(
+        r"\(\w[\w ]* [\d.]+ (µs|ms|s), [\d.]+x the median of [\d.]+ (µs|ms|s)\)$", headline
+    ), headline
