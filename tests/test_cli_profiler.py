@@ -381,3 +381,18 @@ def test_a_directory_prints_units_and_percentages(capsys, command):
     assert re.search(
         r"\(\w[\w ]* [\d.]+ (µs|ms|s), [\d.]+x the median of [\d.]+ (µs|ms|s)\)$", headline
     ), headline
+
+
+def test_the_dtypes_are_cut_before_the_causes(capsys):
+    """Rank 0's causes are short: cutting the dtypes to their first direction and a count
+    keeps each row on one line with its cause whole, and a note says so."""
+    assert main(["casts", str(DATA / "ranks" / "sampled_rank-0.json.gz")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["cause", "dtypes"]
+    (forward,) = [line for line in lines if line.startswith("forward ")]
+    assert forward.split()[1:3] == ["b8->f32", "+2"]
+    assert any(line.startswith("DistributedDataParallel.forward  i32->i64") for line in lines)
+    assert lines[-1].startswith("dtypes: the row's most frequent direction, +N how many more")
+    assert main(["casts", str(DATA / "ranks" / "sampled_rank-0.json.gz"), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["cause"]: r["dtypes"] for r in rows}["forward"] == "b8->f32, i32->i64, f64->f32"

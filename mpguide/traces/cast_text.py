@@ -30,12 +30,34 @@ def _one_line_width(table: Table) -> int:
     return sum(widths) + 2 * (len(widths) - 1)
 
 
+def _condensed(table: Table) -> Table | None:
+    """``table`` with each ``dtypes`` cell cut to its first direction and how many more
+    (``b8->f32 +2``), and a note saying so; None when no cell has more than one."""
+    if "dtypes" not in table.columns:
+        return None
+    k = table.columns.index("dtypes")
+    rows, cut = [], False
+    for row in table.rows:
+        parts = row[k].split(", ") if isinstance(row[k], str) else []
+        if len(parts) > 1:
+            row, cut = (*row[:k], f"{parts[0]} +{len(parts) - 1}", *row[k + 1 :]), True
+        rows.append(row)
+    note = (
+        "dtypes: the row's most frequent direction, +N how many more (a wider COLUMNS shows them)"
+    )
+    return Table(table.columns, tuple(rows), table.caption, (*table.notes, note)) if cut else None
+
+
 def fitted(table: Table, width: int | None, lifted: str = "cause") -> str:
-    """``table`` as text within ``width``: one line per row when every cell fits whole;
-    else each row's ``lifted`` cell on a line of its own, whole (wrapped when longer than a
-    line), and the row's other cells below it, indented, fitted as any table is."""
+    """``table`` as text within ``width``: one line per row when every cell fits whole, the
+    ``dtypes`` cells cut to their first direction and a count if they must (a note says
+    so); else each row's ``lifted`` cell on a line of its own, whole (wrapped when longer
+    than a line), and the row's other cells below it, indented, fitted as any table is."""
     if width is None or lifted not in table.columns or _one_line_width(table) <= width:
         return table.to_text(width)
+    condensed = _condensed(table)
+    if condensed is not None and _one_line_width(condensed) <= width:
+        return condensed.to_text(width)
     k = table.columns.index(lifted)
     rest = Table(
         tuple(c for i, c in enumerate(table.columns) if i != k),
