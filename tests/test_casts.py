@@ -608,7 +608,8 @@ def test_step_kernel_time_of_the_recorded_traces(path, kernel_us, under_node_us)
 
 def test_kernels_launched_during_the_step_by_another_thread_count_and_others_do_not():
     """A step on thread 1; thread 2 launches one kernel during it, one after it; a launch of
-    another process during it does not count, nor a kernel without a launch."""
+    another process during it does not count, nor a kernel without a launch (alone, or in a
+    GPU range)."""
 
     def launch(ts, corr, tid, pid=1):
         return {
@@ -630,6 +631,9 @@ def test_kernels_launched_during_the_step_by_another_thread_count_and_others_do_
         launch(BASE + 40, 4, 1, pid=2),
         kernel(BASE + 45, 13.0, 4),
         kernel(BASE + 70, 17.0, 99),
+        # A GPU range holding a kernel without a launch, in the step's process: not a launch.
+        op("gpu_range", BASE + 60, 30.0, "gpu_user_annotation", 7),
+        op("kernel_y", BASE + 62, 19.0, "kernel", 7, correlation=98),
     ]
     report = report_of(*events)
     assert report.step_gpu_us == 5.0 + 7.0

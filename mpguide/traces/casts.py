@@ -146,10 +146,12 @@ def launched_in_steps(tree: Tree) -> np.ndarray:
     out = np.zeros(len(tree.parent), bool)
     steps = np.flatnonzero(tree.step_mask())
     work = np.flatnonzero(tree.gpu_work & (tree.parent >= 0))
+    launch = tree.parent[work].astype(np.int64)
+    launched = tree.in_category(RUNTIME_CATEGORIES.__contains__)[launch]
+    work, launch = work[launched], launch[launched]  # not a GPU event nested in a GPU range
     if not (len(steps) and len(work)):
         return out
     ts, pid = tree.trace.ts, tree.trace.pid.codes
-    launch = tree.parent[work].astype(np.int64)
     inside = np.zeros(len(work), bool)
     for p in np.unique(pid[steps]).tolist():
         mine = steps[pid[steps] == p]
