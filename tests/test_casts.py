@@ -646,6 +646,7 @@ def test_a_graph_capture_counts_its_kernels_not_the_capture_time_ops():
     fused = "triton_red_fused__to_copy_view_24"
     events = [
         op(fused, BASE, 20.0),
+        op("cpp_fused__to_copy_add_0", BASE + 22, 6.0),  # inductor's CPU kernel: CPU work
         op("vllm::rocm_unquantized_gemm", BASE + 30, 40.0),
         op("hipGraphLaunch", BASE + 100, 5.0, "cuda_runtime", correlation=5),
         {**op(fused, BASE + 110, 3.0, "kernel", 7, correlation=5), "pid": 0},
@@ -654,18 +655,18 @@ def test_a_graph_capture_counts_its_kernels_not_the_capture_time_ops():
     ]
     report = report_of(*events)
     fused_casts = report.fused
-    (row,) = fused_casts.table().records()
-    assert (row["kernel"], row["device"], row["kernels"], row["kernel us"]) == (
-        fused,
-        "gpu",
-        2,
-        7.0,
+    row, cpu = fused_casts.table().records()
+    assert (row["kernel"], row["device"], row["kernels"], row["kernel us"]) == (fused, "gpu", 2, 7)
+    assert (cpu["kernel"], cpu["device"], cpu["kernel us"]) == (
+        "cpp_fused__to_copy_add_0",
+        "cpu",
+        6,
     )
     assert row["cause"] == casts.TOP_LEVEL  # a launch is not a cause
     assert (fused_casts.cpu_only, fused_casts.cpu_only_us) == (1, 20.0)
     note = "1 CPU events named like fused cast kernels launched no GPU work (20.0 µs of CPU time"
     assert any(n.startswith(note) for n in report.summary().notes)
-    assert fused_casts.table().caption.startswith("2 fused cast kernels, 7.0 µs")
+    assert fused_casts.table().caption.startswith("3 fused cast kernels, 13.0 µs")
 
 
 @pytest.mark.parametrize(

@@ -175,12 +175,15 @@ def _describe(name: str, entries: bytes) -> _Described:
         shape = None if first_dims is None else msgspec.convert(first_dims, tuple[int, ...])
     except msgspec.ValidationError:
         shape = None
-    if shape is not None and not _a_tensors(shape):
+    if shape is not None and not _possible(shape):
         shape = None
     return pair, shape
 
 
-def _a_tensors(shape: tuple[int, ...]) -> bool:
+_MAX_ELEMENTS = 2**63
+
+
+def _possible(shape: tuple[int, ...]) -> bool:
     """Whether a tensor can have ``shape``: no negative size, and fewer elements than int64
     counts. The product stops once past that bound, so that its cost grows with the number of
     dims, never with their product's digits (``math.prod`` of five million dims of 2 takes
@@ -195,9 +198,6 @@ def _a_tensors(shape: tuple[int, ...]) -> bool:
         if n >= _MAX_ELEMENTS:
             return False
     return True
-
-
-_MAX_ELEMENTS = 2**63
 
 
 def _direction(source: str, target: str) -> str:

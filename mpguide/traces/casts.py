@@ -296,10 +296,11 @@ def _tie_backward(tree: Tree, ids: np.ndarray, sequence: np.ndarray, pair, pairs
 
 def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The events whose name marks a fused cast, in time order, and their kind: kernels,
-    and in a trace without GPU work the CPU events (the CPU's kernels); and apart, in a
-    trace with GPU work, the CPU events so named that launched no GPU work: in a CUDA or HIP
-    graph's capture these are capture-time ops whose kernels run later, at replay. A CPU
-    event that launched GPU work is left to its kernels."""
+    and the CPU's kernels (CPU events that launched no GPU work: in a trace with GPU work,
+    only inductor's C++ kernels, ``cpp_fused_...``); and apart, the other CPU events so
+    named that launched no GPU work in a trace with GPU work: in a CUDA or HIP graph's
+    capture these are capture-time ops whose kernels run later, at replay. A CPU event that
+    launched GPU work is left to its kernels."""
     kinds = list(FUSED_KINDS)
     kind_of = [kinds.index(k) if (k := fused_kind(n)) else -1 for n in tree.trace.name.values]
     kind = np.array(kind_of, dtype=np.int8)[tree.trace.name.codes]
@@ -310,12 +311,17 @@ def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         on_gpu = tree.gpu_work[candidate]
         alone = ~on_gpu & (tree.gpu_us[candidate] == 0)
         if tree.gpu_work.any():
-            idle[candidate] = alone
-            candidate[candidate] = on_gpu
+            cpu_kernel = tree.named(lambda n: n.startswith(_CPU_KERNEL))[candidate]
+            idle[candidate] = alone & ~cpu_kernel
+            candidate[candidate] = on_gpu | (alone & cpu_kernel)
         else:
             candidate[candidate] = alone
     ids = tree.order[candidate[tree.order]]
     return ids, kind[ids].astype(np.int64), np.flatnonzero(idle)
+
+
+_CPU_KERNEL = "cpp_"
+"""How inductor names the kernels it compiles for the CPU (``cpp_fused__to_copy_add_0``)."""
 
 
 @paused_gc()
