@@ -247,17 +247,19 @@ def _across(args: argparse.Namespace) -> dict:
 
 
 def _ranks_out(found, fmt: str) -> str:
+    from mpguide.traces import rank_text
+
     for row in found.rows:
         for loss in row.losses:
             print(f"mpguide: note: {escape_controls(row.file)}: {loss}", file=sys.stderr)
     if fmt == "csv":  # CSV has no place for them
         for skipped in found.skipped:
             print(f"mpguide: note: {escape_controls(skipped)}", file=sys.stderr)
-    return _shown(found, fmt)
+    return rank_text.render(found, fmt, terminal.width())  # text in units a person reads
 
 
 def _casts(args: argparse.Namespace) -> str:
-    from mpguide.traces import casts
+    from mpguide.traces import cast_text, casts
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
@@ -269,9 +271,17 @@ def _casts(args: argparse.Namespace) -> str:
     tree = _load(args, casts.needs_args).tree(python=True)
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
-    table = casts.report(tree).table(args.by, scalars=args.scalars, limit=args.limit or None)
+    report = casts.report(tree)
+    table = report.table(args.by, scalars=args.scalars, limit=args.limit or None)
     if args.format in ("text", "markdown"):
         table = casts.readable(table)
+        if not table.rows:  # one line, and the notes
+            what = "fused cast kernels" if args.by == "fused" else "casts"
+            what = "cast ops" if what == "casts" and len(report.fused) else what
+            width = terminal.width() if args.format == "text" else None
+            return cast_text.empty(table, what, width)
+    if args.format == "text":  # the causes whole, on lines of their own where they must
+        return cast_text.fitted(table, terminal.width())
     if args.format == "csv":  # CSV has no place for them
         for note in table.notes:
             print(f"mpguide: note: {note}", file=sys.stderr)

@@ -74,7 +74,7 @@ def test_undecodable_bytes_and_missing_times_are_counted(tmp_path, capsys):
     )
     assert main(["casts", str(path)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.startswith("casts by cause") and captured.err == (
+    assert captured.out == "no casts in this trace\n" and captured.err == (
         "mpguide: note: 2 invalid UTF-8 sequences replaced by U+FFFD\n"
         "mpguide: note: 1 events without ts or dur left out\n"  # casts reads the Python layer
     )
@@ -114,19 +114,22 @@ VLLM_GRAPH = str(GPU / "mi300x_vllm_decode_graph.json.gz")
 def test_casts_defaults_to_the_summary_by_module_and_line(capsys):
     assert main(["casts", H100_QWEN]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "casts by cause" and lines[1].split() == [
-        *("cause", "dtypes", "casts", "written"),
+    # At 100 columns the causes do not fit beside the figures: each has a line of its own,
+    # whole, and the figures follow it, indented.
+    assert lines[:2] == ["casts by cause", "cause"] and lines[2].split() == [
+        *("dtypes", "casts", "written"),
         *("CPU", "GPU", "CPU", "%", "GPU", "%"),
     ]
-    rows = lines[3:5]  # the cause shortened from the middle to fit 100 columns
-    assert rows[0].startswith("Qwen2RMSN...") and rows[0].split()[1:] == [
-        *("bf16->f32,", "f32->bf16", "98", "2.69", "GB"),
+    assert lines[4] == "Qwen2RMSNorm (transformers/models/qwen2/modeling_qwen2.py:218)"
+    assert lines[5].startswith("    bf16->f32, f32->bf16") and lines[5].split()[2:] == [
+        *("98", "2.69", "GB"),
         *("1.66", "ms", "2.33", "ms", "3.52%", "7.30%"),
     ]
-    assert rows[0].split()[0].endswith("_qwen2.py:218)")
-    assert rows[1].startswith("Qwen2Rota...") and "f32->bf16, i64->f32" in rows[1]
+    assert lines[6] == "Qwen2RotaryEmbedding (transformers/models/qwen2/modeling_qwen2.py:323)"
+    assert "f32->bf16, i64->f32" in lines[7]
+    assert all(len(line) <= 100 for line in lines)
     # Its 22 cast kernels were launched before the trace began: kept apart, and said why.
-    assert lines[5].startswith("22 more cast kernels (403.9 µs) were launched before the trace")
+    assert lines[8].startswith("22 more cast kernels (403.9 µs) were launched before the trace")
     assert not any("casts fused into kernels" in line for line in lines)
     assert main(["casts", H100_QWEN, "--format", "json"]) == 0
     first = json.loads(capsys.readouterr().out)["rows"][0]
@@ -144,8 +147,9 @@ def test_casts_defaults_to_the_summary_by_module_and_line(capsys):
 def test_casts_are_limited_and_say_what_they_left_out(capsys):
     assert main(["casts", H100_QWEN, "--by", "cast", "--limit", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"101 casts in {H100_QWEN}" and len(lines) == 3 + 3 + 3  # a note wraps
-    assert lines[6] == "... 98 more rows not shown (3 of 101)"
+    # caption, "cause", header, rule, 3 x (cause, figures), the limit's note, a wrapped note
+    assert lines[0] == f"101 casts in {H100_QWEN}" and len(lines) == 4 + 2 * 3 + 1 + 2
+    assert lines[10] == "... 98 more rows not shown (3 of 101)"
     assert main(["casts", H100_QWEN, "--by", "cast", "--limit", "0", "--format", "json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["rows"]) == 101
     assert main(["casts", H100_QWEN, "--by", "cast", "--format", "csv"]) == 0
@@ -174,7 +178,8 @@ def test_a_json_array_of_records_is_refused(tmp_path, capsys):
 def test_scalar_casts_are_folded_unless_asked_for(capsys):
     assert main(["casts", A100_STEP, "--by", "cast", "--limit", "0"]) == 0
     folded = capsys.readouterr().out.splitlines()
-    assert "(0-d casts: 1, folded)" in folded[-3]  # the note under it wraps to two lines
+    # The causes on lines of their own; the note under them wraps to two lines.
+    assert folded[-4] == "(0-d casts: 1, folded)" and "4 B" in folded[-3]
     assert main(["casts", A100_STEP, "--by", "cast", "--limit", "0", "--scalars"]) == 0
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == len(folded) and not any("folded" in line for line in shown)
@@ -251,3 +256,143 @@ def test_casts_as_a_process_without_torch(tmp_path):
     bad = mpguide_process("casts", str(tmp_path / "x.json"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("mpguide: error: ")
+
+
+TRACES = sorted((DATA / "gpu").glob("*.json.gz")) + sorted((DATA / "ranks").glob("*.json.gz"))
+
+
+@pytest.mark.parametrize("by", ["cause", "cast", "fused"])
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_every_cause_is_whole_at_100_columns(capsys, path, by):
+    """On every committed trace, each cause the JSON gives is printed whole by the text
+    output, and no line passes 100 columns."""
+    assert main(["casts", str(path), "--by", by, "--format", "json"]) == 0
+    causes = {r["cause"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert main(["casts", str(path), "--by", by]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 100 for line in lines)
+    assert all(any(cause in line for line in lines) for cause in causes)
+
+
+def test_a_cause_longer_than_a_line_wraps_and_a_narrow_terminal_never_cuts_it(
+    tmp_path, capsys, monkeypatch
+):
+    module = "nn.Module: " + "VeryLongModuleName" * 4 + "_0"
+    frame = "models/" + "deep/" * 12 + "net.py(12): forward"
+    events = [
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": module,
+            "pid": 1,
+            "tid": 1,
+            "ts": 1.0,
+            "dur": 100.0,
+        },
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": frame,
+            "pid": 1,
+            "tid": 1,
+            "ts": 2.0,
+            "dur": 90.0,
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::to",
+            "pid": 1,
+            "tid": 1,
+            "ts": 5.0,
+            "dur": 10.0,
+            "args": {
+                "Input type": ["float", "Scalar"],
+                "Input Dims": [[8], []],
+                "Concrete Inputs": ["", "15"],
+            },
+        },
+    ]
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert main(["casts", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cause = f"{'VeryLongModuleName' * 4} ({frame.split('(')[0]}:12)"
+    assert len(cause) > 100 and all(len(line) <= 100 for line in lines)
+    at = lines.index("cause") + 3
+    assert " ".join(x.strip() for x in lines[at : at + 2]) == cause  # wrapped, not cut
+    monkeypatch.setenv("COLUMNS", "40")
+    assert main(["casts", H100_QWEN, "--by", "fused"]) == 0
+    out = capsys.readouterr().out
+    assert "\n(launch not in the trace)\n" in out and "launch..." not in out
+
+
+def test_fused_view_agrees_with_the_default_on_kernels_launched_before_the_trace(capsys):
+    assert main(["casts", H100_QWEN]) == 0
+    default = capsys.readouterr().out
+    assert main(["casts", H100_QWEN, "--by", "fused"]) == 0
+    fused = capsys.readouterr().out
+    said = "22 more cast kernels (403.9 µs) were launched before the trace began"
+    assert said in default.replace("\n  ", " ") and said in fused.replace("\n  ", " ")
+    assert "not fused casts, not counted" in fused.replace("\n  ", " ")
+    assert fused.startswith("no fused cast kernels launched in the trace\n")
+
+
+@pytest.mark.parametrize(
+    ("path", "by", "first"),
+    [
+        (DATA / "gpu" / "a100_alexnet_no_shapes.json.gz", "cause", "no casts in this trace"),
+        (
+            DATA / "gpu" / "b200_vllm_gpt-oss_eager_window.json.gz",
+            "cause",
+            "no cast ops in this trace",
+        ),
+        (DATA / "train_step.json.gz", "fused", "no fused cast kernels in this trace"),
+    ],
+)
+def test_no_casts_is_one_line_then_the_notes(capsys, path, by, first):
+    assert main(["casts", str(path), "--by", by]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == first and not any(line.startswith("---") for line in lines)
+
+
+@pytest.mark.parametrize("command", ["casts", "tree"])
+def test_a_directory_prints_units_and_percentages(capsys, command):
+    """The rows per rank and the summary across ranks in ms, µs or s and %, as the report of
+    one trace; JSON keeps microseconds and fractions."""
+    ranks_dir = str(DATA / "ranks")
+    assert main([command, ranks_dir, "--jobs", "1", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert main([command, ranks_dir, "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"\de[+-]\d", out), out
+    lines = out.splitlines()
+    for row in doc["ranks"]["rows"]:
+        (line,) = [x for x in lines if x.startswith(f"{row['rank']}  ")]
+        if command == "casts":
+            share = 100 * row["share of step"]
+            assert f"{share:.2f}%" in line and ("µs" in line or "ms" in line)
+            assert f"{row['events']:,}" in line
+        else:
+            assert f"{row['step us'] / 1e6:.2f} s" in line
+            assert f"{row['gpu us'] / 1e3:.2f} ms" in line
+    headline = lines[-1]
+    assert headline.startswith(("most time in casts: rank ", "longest profiled steps: rank "))
+    assert re.search(
+        r"\(\w[\w ]* [\d.]+ (µs|ms|s), [\d.]+x the median of [\d.]+ (µs|ms|s)\)$", headline
+    ), headline
+
+
+def test_the_dtypes_are_cut_before_the_causes(capsys):
+    """Rank 0's causes are short: cutting the dtypes to their first direction and a count
+    keeps each row on one line with its cause whole, and a note says so."""
+    assert main(["casts", str(DATA / "ranks" / "sampled_rank-0.json.gz")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["cause", "dtypes"]
+    (forward,) = [line for line in lines if line.startswith("forward ")]
+    assert forward.split()[1:3] == ["b8->f32", "+2"]
+    assert any(line.startswith("DistributedDataParallel.forward  i32->i64") for line in lines)
+    assert lines[-1].startswith("dtypes: the row's most frequent direction, +N how many more")
+    assert main(["casts", str(DATA / "ranks" / "sampled_rank-0.json.gz"), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["cause"]: r["dtypes"] for r in rows}["forward"] == "b8->f32, i32->i64, f64->f32"

@@ -358,10 +358,11 @@ def test_names_from_a_trace_cannot_drive_the_terminal(tmp_path, capsys):
     )
     runs = {
         ("tree",): 4,  # the thread, two nodes, the anomalies
-        # caption, header, rule, one row, three notes (ops as causes, blank bytes and share),
-        # the first wrapped in two lines to fit 100 columns
-        ("casts",): 8,
-        ("casts", "--by", "cast"): 8,
+        # caption, "cause", header, rule, the row's cause on a line of its own (it does not
+        # fit beside the figures) and its figures, three notes (ops as causes, blank bytes
+        # and share), the first wrapped in two lines to fit 100 columns
+        ("casts",): 10,
+        ("casts", "--by", "cast"): 10,
         ("casts", "--format", "markdown"): 9,  # and a blank line after the caption and the row
     }
     for args, lines in runs.items():

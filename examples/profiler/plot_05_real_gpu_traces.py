@@ -99,15 +99,31 @@ print(f"{len(norm)} RMSNorm casts of {norm[0].shape} activations, caused by {nor
 # What they cost
 # --------------
 # The step is the ``ProfilerStep#N`` range; its kernel time is the time of the kernels
-# launched inside it. The casts' share is their kernel time over it, and their effective
-# bandwidth the bytes they read and wrote over their kernel time.
+# launched during it, by any of the process's threads (in a training step, autograd's thread
+# launches the backward pass's kernels outside the step's node; in this inference step the
+# main thread launches them all, under the node). The casts' share is their kernel time over
+# it, and their effective bandwidth the bytes they read and wrote over their kernel time.
+import math
+
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def launched_during(tree, step) -> float:
+    """Time of the GPU work whose launch began during ``step``, on any thread."""
+    end = step.start + step.dur
+    return sum(
+        n.dur
+        for n in tree.find(predicate=lambda n: n.cat in GPU_WORK and n.parent is not None)
+        if step.start <= n.parent.start < end
+    )
 
 
 def cost(tree, report, label: str) -> dict:
     (step,) = tree.steps()
     moved = sum(c.bytes_read + c.bytes_written for c in report)
     gpu_us, step_us, share = report.share_of_steps(gpu=True)
-    assert step_us == step.gpu_time
+    assert math.isclose(step_us, launched_during(tree, step), rel_tol=1e-9)
+    assert math.isclose(step_us, step.gpu_time, rel_tol=1e-9)  # one thread launched all
     return {
         "recorded on": label,
         "casts": len(report),
@@ -201,13 +217,37 @@ assert [t.get_text() for t in fig.axes[0].get_yticklabels()][:2] == [
 # This DDP step was recorded without the Python stack, so the causes are the enclosing ops
 # and ranges; its timestamps are whole microseconds since the epoch, which the call tree
 # converts to nanoseconds exactly, so no cast lands in an op it does not belong to and each
-# cause's own time (``cause cpu us``) stays positive. Its one 0-d cast folds into the last row.
+# cause's own time (``cause cpu us``) stays positive. Its one 0-d cast folds into a row of its
+# own, sorted with the others by CPU time.
 step_tree, step = read("a100_torchrec_train_step.json.gz")
 assert step_tree.anomalies.overlaps == 0
 summary = step.summary("cause", scalars=False)
-*rows, folded = summary.records()
-assert all(r["cause cpu us"] >= 0 for r in rows) and folded["cause"] == casts.FOLDED
+rows = [r for r in summary.records() if r["cause"] != casts.FOLDED]
+(folded,) = [r for r in summary.records() if r["cause"] == casts.FOLDED]
+assert all(r["cause cpu us"] >= 0 for r in rows) and folded["casts"] == 1
+cpu = summary.column("cpu us")
+assert cpu == sorted(cpu, reverse=True)
 summary
+
+# %%
+# Its GPU share counts the kernels launched during the step by every thread: autograd's
+# thread launches the DDP step's backward pass, its communication included, outside the
+# thread that holds the step's range (every such kernel's launch is inside an
+# ``autograd::engine::evaluate_function`` node, checked below).
+(a100_step,) = step_tree.steps()
+_, a100_step_us, a100_share = step.share_of_steps(gpu=True)
+assert math.isclose(a100_step_us, launched_during(step_tree, a100_step), rel_tol=1e-9)
+assert a100_step.gpu_time < a100_step_us
+main_tid = step_tree.trace.tid.value(a100_step.id)
+others = step_tree.find(
+    predicate=lambda n: n.cat in GPU_WORK and n.parent is not None
+    and step_tree.trace.tid.value(n.parent.id) != main_tid
+)
+assert others and all(
+    any(a.name.startswith(casts.BACKWARD_MARK) for a in k.ancestors()) for k in others
+)
+print(f"A100 step: {a100_step_us:,.0f} us of kernels launched during it, "
+      f"{a100_step.gpu_time:,.0f} us of them under its node; casts: {a100_share:.2%}")
 
 # %%
 # What we saw

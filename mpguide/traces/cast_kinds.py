@@ -5,7 +5,6 @@ writes for them, the ``args`` entries read, the kernels that convert inside (fus
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Iterator
 from operator import attrgetter
@@ -24,10 +23,11 @@ FUSED_KINDS = {
     "compiled": re.compile(r"_to_copy|convert_element_type"),
     "copy kernel": re.compile(r"\w*float\w*_copy_kernel\w*"),
     "vendor": re.compile(r"type_?convert|cast_?tensor|cast_transpose|cast_kernel", re.IGNORECASE),
-    "quantize": re.compile(r"quantize|fp8_quant|fp4_quant", re.IGNORECASE),
+    "quantize": re.compile(r"(?<!un)quantize|fp8_quant|fp4_quant", re.IGNORECASE),
 }
 """What names a fused cast: inductor's kernels, ATen's dtype-specific copy kernels, vendor
-kernels that convert, and quantizing kernels (to fp8 or fp4, with scales)."""
+kernels that convert, and quantizing kernels (to fp8 or fp4, with scales); a kernel named
+"unquantized" (vLLM's ``rocm_unquantized_gemm``, a plain GEMM) does not quantize."""
 
 # c10::ScalarType codes (c10/core/ScalarType.h) of the types a cast can name.
 SCALAR_TYPES = {
@@ -175,9 +175,29 @@ def _describe(name: str, entries: bytes) -> _Described:
         shape = None if first_dims is None else msgspec.convert(first_dims, tuple[int, ...])
     except msgspec.ValidationError:
         shape = None
-    if shape is not None and not (min(shape, default=0) >= 0 and math.prod(shape) < 2**63):
-        shape = None  # no tensor has it: a negative size, or more elements than int64 counts
+    if shape is not None and not _possible(shape):
+        shape = None
     return pair, shape
+
+
+_MAX_ELEMENTS = 2**63
+
+
+def _possible(shape: tuple[int, ...]) -> bool:
+    """Whether a tensor can have ``shape``: no negative size, and fewer elements than int64
+    counts. The product stops once past that bound, so that its cost grows with the number of
+    dims, never with their product's digits (``math.prod`` of five million dims of 2 takes
+    hours)."""
+    if min(shape, default=0) < 0:
+        return False
+    if 0 in shape:
+        return True
+    n = 1
+    for d in shape:
+        n *= d
+        if n >= _MAX_ELEMENTS:
+            return False
+    return True
 
 
 def _direction(source: str, target: str) -> str:

@@ -107,7 +107,8 @@ LEGEND = (
     "first; casts: how many; written: the bytes they wrote; CPU: their time on the CPU (the "
     "cast ops themselves); GPU: the time of the kernels they launched; CPU %: CPU over the "
     "CPU time of the profiled steps (ProfilerStep#N ranges); GPU %: GPU over the time of the "
-    "kernels launched in those steps (GPU columns only when the trace has kernels). json and "
+    "kernels launched during those steps, by any thread (autograd's backward thread too; GPU "
+    "columns only when the trace has kernels). json and "
     "csv keep the numbers in microseconds and fractions (cpu us, share of step, ...) and add, "
     "by cause, cause cpu us and cause gpu us: the time of the op, module or frame that "
     "caused the casts, less the casts inside it."
@@ -146,6 +147,20 @@ def readable(table: Table) -> Table:
     return Table(columns, rows, table.caption, table.notes)
 
 
+def _unlaunched_note(fused: FusedCasts, listed: str) -> list[str]:
+    """The sentence on the cast kernels whose launch is not in the trace, when there are
+    some: they are not fused casts, and ``listed`` says where they are shown."""
+    unlaunched = fused.unlaunched
+    if not unlaunched.any():
+        return []
+    us = float(fused.us[unlaunched].sum())
+    return [
+        f"{int(unlaunched.sum())} more cast kernels ({duration_text(us)}) were launched before "
+        f"the trace began (a previous step's copies): not fused casts, not counted; {listed} "
+        + NO_LAUNCH
+    ]
+
+
 def _significant(x: float) -> float:
     """``x`` to four significant digits: a small share stays visible, never 0."""
     return float(f"{x:.4g}")
@@ -170,7 +185,10 @@ class FusedCasts:
     """Kernels that convert dtypes inside their own work, outside any cast op, one array per
     column: ``ids``, ``kind`` (index into :data:`FUSED_KINDS`' keys), ``kernel`` (index into
     ``kernels``, short names), ``cause`` (index into ``causes``), ``backward``, ``us`` (the
-    kernel's own duration) and ``gpu`` (whether it ran on the device)."""
+    kernel's own duration) and ``gpu`` (whether it ran on the device). ``cpu_only`` counts
+    the CPU events of a trace with GPU work that are named like fused cast kernels but
+    launched no GPU work (a graph capture's ops, whose kernels run at replay), and
+    ``cpu_only_us`` is their CPU time: they are not kernel time, and not rows."""
 
     ids: np.ndarray
     kind: np.ndarray
@@ -181,9 +199,23 @@ class FusedCasts:
     gpu: np.ndarray
     kernels: list[str]
     causes: list[str]
+    cpu_only: int = 0
+    cpu_only_us: float = 0.0
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def cpu_only_note(self) -> list[str]:
+        """The sentence on the CPU events named like fused cast kernels that launched no GPU
+        work, when there are some."""
+        if not self.cpu_only:
+            return []
+        text = (
+            f"{self.cpu_only:,} CPU events named like fused cast kernels launched no GPU work "
+            f"({duration_text(self.cpu_only_us)} of CPU time; in a CUDA or HIP graph's capture "
+            "their kernels run later, at replay): not counted as kernel time"
+        )
+        return [text]
 
     @property
     def total_us(self) -> float:
@@ -223,14 +255,22 @@ class FusedCasts:
                     round(t, 3),
                 )
             )
-        rows = [rows[i] for i in np.lexsort((first, -us)).tolist()]
+        last = np.zeros(k, bool)  # the kernels launched before the trace, after the others
+        if NO_LAUNCH in self.causes:
+            last = present // 2 % n_c == self.causes.index(NO_LAUNCH)
+        rows = [rows[i] for i in np.lexsort((first, -us, last)).tolist()]
         columns = ("kernel", "kind", "cause", "pass", "device", "kernels", "kernel us")
+        unlaunched = self.unlaunched
+        n = len(self) - int(unlaunched.sum())
         caption = (
-            f"{len(self)} fused cast kernel{'' if len(self) == 1 else 's'}, "
-            f"{duration_text(self.total_us)}: their dtypes are not in the trace, their time is "
-            "the whole kernel's"
+            f"{n} fused cast kernel{'' if n == 1 else 's'}, "
+            f"{duration_text(float(self.us[~unlaunched].sum()))}: their dtypes are not in the "
+            "trace, their time is the whole kernel's"
+            if n
+            else "no fused cast kernels launched in the trace"
         )
-        return _limited(columns, rows, [], limit, caption, [])
+        notes = _unlaunched_note(self, "listed last, as") + self.cpu_only_note()
+        return _limited(columns, rows, [], limit, caption, notes)
 
     def __repr__(self) -> str:
         return self.table().to_text()
@@ -305,7 +345,8 @@ class CastReport:
 
     def share_of_steps(self, gpu: bool) -> tuple[float, float, float]:
         """The casts' time, the profiled steps' time and the first over the second: with
-        ``gpu``, the casts' kernel time over the kernel time launched in the steps, else
+        ``gpu``, the casts' kernel time over the kernel time launched during the steps by
+        any thread (:func:`mpguide.traces.casts.launched_in_steps`), else
         their CPU time over the steps' duration (the ``ProfilerStep#N`` ranges).
         MPGuideError when the trace has no step, or no kernel in it for ``gpu``."""
         steps = self.step_gpu_us if gpu else self.step_us
@@ -369,18 +410,13 @@ class CastReport:
         fused = len(self.fused) - int(unlaunched.sum())
         if fused:
             us = float(self.fused.us[~unlaunched].sum())
+            where = "are not in these rows" if len(self) else "are not cast ops"
             notes.append(
-                f"{fused} casts fused into kernels ({duration_text(us)} of kernel time) are "
-                "not in these rows: --by fused lists them"
+                f"{fused} casts fused into kernels ({duration_text(us)} of kernel time) {where}: "
+                "--by fused lists them"
             )
-        if unlaunched.any():
-            us = float(self.fused.us[unlaunched].sum())
-            notes.append(
-                f"{int(unlaunched.sum())} more cast kernels ({duration_text(us)}) were launched "
-                "before the trace began (a previous step's copies): not counted above, --by "
-                "fused lists them as " + NO_LAUNCH
-            )
-        return notes
+        notes += _unlaunched_note(self.fused, "--by fused lists them apart, as")
+        return notes + self.fused.cpu_only_note()
 
     def _folded(self, keep: np.ndarray, columns: tuple[str, ...], label: str) -> list[tuple]:
         """The one row, in ``columns``, that stands for the 0-d casts left out of ``keep``,
@@ -405,7 +441,9 @@ class CastReport:
     def table(self, by: str = "cast", *, scalars: bool = True, limit: int | None = None) -> Table:
         """One row per cast (``by="cast"``), a :meth:`summary` (``by`` one of
         :data:`SUMMARY_KEYS`), or the fused casts (``"fused"``). Without ``scalars`` the
-        casts of 0-d tensors are folded into one last row; ``limit`` caps the other rows."""
+        casts of 0-d tensors are folded into one row: one row per cast is in time order and
+        the folded row comes last (``limit`` caps the others), a summary sorts it with the
+        others."""
         if by == "fused":
             return self.fused.table(limit=limit)
         if by != "cast":
@@ -461,13 +499,14 @@ class CastReport:
         """Casts aggregated by ``cause``, ``module``, ``pair`` (source and target),
         ``direction`` or ``pass``: count, bytes, CPU and GPU time, and share of the profiled
         steps, largest CPU time first. Without ``scalars`` the casts of 0-d tensors are
-        folded into one last row; ``limit`` caps the other rows.
+        folded into one row (:data:`FOLDED`), sorted with the others; ``limit`` caps the
+        rows.
 
         By cause, ``dtypes`` names the directions of each row's casts, most first, and
         ``cause cpu us`` and ``cause gpu us`` are the time of the causing nodes (op, module
         or frame) less the casts in them, to set a cast's cost against the work of what asked
         for it (blank where the casts have no causing node). ``gpu share of step`` is the
-        GPU time over that of the kernels launched in the profiled steps.
+        GPU time over that of the kernels launched during the profiled steps, by any thread.
         """
         if by not in SUMMARY_KEYS:
             raise ValueError(f"unknown summary {by!r}; choose one of {', '.join(SUMMARY_KEYS)}")
@@ -511,8 +550,12 @@ class CastReport:
         )
         names_fit, rows = self._fit(names, rows)
         folded = self._folded(keep, names_fit, keys[0])
+        if folded:  # sorted with the others by CPU time, after those of as much
+            cpu_at = names_fit.index("cpu us")
+            at = sum(r[cpu_at] >= folded[0][cpu_at] for r in rows)
+            rows = [*rows[:at], *folded, *rows[at:]]
         notes = self._notes(bool(np.isnan(written_all).any()))
-        return _limited(names_fit, rows, folded, limit, f"casts by {by}", notes)
+        return _limited(names_fit, rows, [], limit, f"casts by {by}", notes)
 
     def _directions(self, group: np.ndarray, pair: np.ndarray, present: np.ndarray) -> list[str]:
         """Per group in ``present``, its casts' dtype directions, most casts first."""

@@ -107,6 +107,7 @@ __all__ = [
     "dtype_of",
     "fused_kind",
     "kernel_label",
+    "launched_in_steps",
     "needs_args",
     "pair_label",
     "percent_text",
@@ -137,13 +138,38 @@ def _cast_args(raws: list[bytes], source: str) -> list:
         ) from None
 
 
+def launched_in_steps(tree: Tree) -> np.ndarray:
+    """Mask of the GPU work (kernels, memcpys, memsets) whose launch started during a
+    profiled step (a ``ProfilerStep#N`` range) of its process, on any of its threads:
+    autograd's engine thread launches the backward kernels inside the step's time but not
+    under its node. GPU work whose launch is not in the trace is not counted."""
+    out = np.zeros(len(tree.parent), bool)
+    steps = np.flatnonzero(tree.step_mask())
+    work = np.flatnonzero(tree.gpu_work & (tree.parent >= 0))
+    launch = tree.parent[work].astype(np.int64)
+    launched = tree.in_category(RUNTIME_CATEGORIES.__contains__)[launch]
+    work, launch = work[launched], launch[launched]  # not a GPU event nested in a GPU range
+    if not (len(steps) and len(work)):
+        return out
+    ts, pid = tree.trace.ts, tree.trace.pid.codes
+    inside = np.zeros(len(work), bool)
+    for p in np.unique(pid[steps]).tolist():
+        mine = steps[pid[steps] == p]
+        mine = mine[np.argsort(ts[mine], kind="stable")]
+        start = ts[mine]
+        reach = np.maximum.accumulate(start + tree.dur_us[mine])  # overlapping steps too
+        at = np.flatnonzero(pid[launch] == p)
+        when = ts[launch[at]]
+        k = np.searchsorted(start, when, side="right") - 1
+        inside[at] = (k >= 0) & (when < reach[np.maximum(k, 0)])
+    out[work[inside]] = True
+    return out
+
+
 def _steps_gpu_us(tree: Tree) -> float | None:
-    """The time of the GPU work launched in the profiled steps, None without steps or GPU
-    work linked to them."""
-    steps = tree.step_mask()
-    if not (steps.any() and tree.gpu_work.any()):
-        return None
-    return sum(tree.gpu_us[steps].tolist()) or None
+    """The time of the GPU work launched during the profiled steps
+    (:func:`launched_in_steps`), None without steps or GPU work launched in them."""
+    return sum(tree.dur_us[launched_in_steps(tree)].tolist()) or None
 
 
 def _steps_us(tree: Tree) -> float | None:
@@ -186,23 +212,28 @@ def _contexts(tree: Tree, ids: np.ndarray) -> tuple[_Context, int]:
     frame = python & tree.named(_readers_frame)
     grad = tree.named(lambda n: n.startswith(BACKWARD_MARK))
     found = _Context(*tree.nearest(ids, causing, module, frame, grad, cast_op))
+    # Where the trace's Python events overlap, nesting can put a cast under a module or
+    # frame that had ended before it began: the innermost one that holds the cast in time is
+    # its cause, found by climbing. GPU kernels run after their launch, out of the CPU
+    # events' time: only the CPU's are held.
+    ts, end = tree.trace.ts, tree.trace.ts + tree.dur_us
+    cpu = ~tree.gpu_work[ids]
+    ended = np.zeros(len(ids), bool)
+    for above, mask in ((found.module, module), (found.frame, frame)):
+        climbing = np.flatnonzero(above >= 0)
+        while len(climbing):
+            at, mine = above[climbing], ids[climbing]
+            gone = cpu[climbing] & ((ts[at] > ts[mine]) | (end[mine] > end[at]))
+            climbing = climbing[gone]
+            ended[climbing] = True
+            (above[climbing],) = tree.nearest(above[climbing], mask)
+            climbing = climbing[above[climbing] >= 0]
     # What lies above the Python code (a range such as a step's) or above the backward node
     # (the Python code that called backward()) is context, not cause.
     depth = np.append(tree.depth, tree.depth.dtype.type(-1))
     found.op[depth[found.op] < np.maximum(depth[found.module], depth[found.frame])] = -1
     for above in (found.module, found.frame):
         above[depth[above] < depth[found.grad]] = -1
-    # Where the trace's Python events overlap, nesting can put a cast under a module or
-    # frame that had ended before it began: only one that holds the cast in time is a cause.
-    # GPU kernels run after their launch, out of the CPU events' time: only the CPU's are held.
-    ts, end = tree.trace.ts, tree.trace.ts + tree.dur_us
-    cpu = ~tree.gpu_work[ids]
-    ended = np.zeros(len(ids), bool)
-    for above in (found.module, found.frame):
-        at = np.maximum(above, 0)
-        held = ~cpu | ((ts[at] <= ts[ids]) & (end[ids] <= end[at]))
-        ended |= (above >= 0) & ~held
-        above[~held] = -1
     return found, int(ended.sum())
 
 
@@ -263,25 +294,42 @@ def _tie_backward(tree: Tree, ids: np.ndarray, sequence: np.ndarray, pair, pairs
     return forward
 
 
-def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
+def _fused(tree: Tree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The events whose name marks a fused cast, in time order, and their kind: kernels,
-    and CPU events that launched no GPU work (a CPU event that did is left to its kernels)."""
+    and the CPU's kernels (CPU events that launched no GPU work: in a trace with GPU work,
+    only inductor's C++ kernels, ``cpp_fused_...``); and apart, the other CPU events so
+    named that launched no GPU work in a trace with GPU work: in a CUDA or HIP graph's
+    capture these are capture-time ops whose kernels run later, at replay. A CPU event that
+    launched GPU work is left to its kernels."""
     kinds = list(FUSED_KINDS)
     kind_of = [kinds.index(k) if (k := fused_kind(n)) else -1 for n in tree.trace.name.values]
     kind = np.array(kind_of, dtype=np.int8)[tree.trace.name.codes]
     frames = tree.in_category(lambda c: c == PYTHON or c in RUNTIME_CATEGORIES)
-    candidate = (kind >= 0) & ~frames
+    candidate = (kind >= 0) & ~frames & tree.included
+    idle = np.zeros_like(candidate)
     if candidate.any():
-        candidate[candidate] = tree.gpu_work[candidate] | (tree.gpu_us[candidate] == 0)
+        on_gpu = tree.gpu_work[candidate]
+        alone = ~on_gpu & (tree.gpu_us[candidate] == 0)
+        if tree.gpu_work.any():
+            cpu_kernel = tree.named(lambda n: n.startswith(_CPU_KERNEL))[candidate]
+            idle[candidate] = alone & ~cpu_kernel
+            candidate[candidate] = on_gpu | (alone & cpu_kernel)
+        else:
+            candidate[candidate] = alone
     ids = tree.order[candidate[tree.order]]
-    return ids, kind[ids].astype(np.int64)
+    return ids, kind[ids].astype(np.int64), np.flatnonzero(idle)
+
+
+_CPU_KERNEL = "cpp_"
+"""How inductor names the kernels it compiles for the CPU (``cpp_fused__to_copy_add_0``)."""
 
 
 @paused_gc()
 def report(tree: Tree) -> CastReport:
     """Every cast in ``tree``: a chain of cast ops whose dtypes differ, with its cause (see
     the module docs), and the casts fused into kernels. Share is CPU time over the time of
-    the profiled steps (``ProfilerStep#N``); unknown without them."""
+    the profiled steps (``ProfilerStep#N``), and GPU time over that of the GPU work launched
+    during them (:func:`launched_in_steps`); unknown without them."""
     is_cast_op = tree.named(CAST_OPS.__contains__)
     under_cast = np.zeros_like(is_cast_op)
     has_parent = tree.parent >= 0
@@ -312,7 +360,7 @@ def report(tree: Tree) -> CastReport:
         else:
             untyped += int(nothing[k])
     ids, pair, shape, sequence = ids[kept], pair[kept], shape[kept], sequence[kept]
-    fused_ids, fused_kinds = _fused(tree)
+    fused_ids, fused_kinds, idle = _fused(tree)
     n = len(ids)
     ctx, ended = _contexts(tree, np.concatenate((ids, fused_ids)))
     cause_ids = np.where(ctx.op >= 0, ctx.op, np.where(ctx.module >= 0, ctx.module, ctx.frame))
@@ -342,6 +390,8 @@ def report(tree: Tree) -> CastReport:
         gpu=tree.gpu_work[fid],
         kernels=kernels,
         causes=causes,
+        cpu_only=len(idle),
+        cpu_only_us=float(dur[idle].sum()),
     )
     cause_ids = cause_ids[:n]
     caused = cause_ids >= 0

@@ -212,9 +212,10 @@ def rank_casts(
     summary = report.summary(by, scalars=False)  # 0-d casts folded, as for one file
     keys = cast_report.SUMMARY_KEYS[by]
     top, top_cpu = None, None
-    if summary.rows and not str(summary.rows[0][0]).startswith(cast_report.FOLDED[:-1]):
-        top = " -> ".join(str(v) for v in summary.rows[0][: len(keys)])
-        top_cpu = float(summary.column("cpu us")[0])
+    first = [r for r in summary.records() if r[keys[0]] != cast_report.FOLDED][:1]
+    if first:  # the largest group, not the 0-d casts' folded row (sorted with the others)
+        top = " -> ".join(str(first[0][k]) for k in keys)
+        top_cpu = float(first[0]["cpu us"])
     return RankCasts(
         file=str(path),
         rank=rank,
