@@ -48,13 +48,11 @@ def check_pages(app) -> None:
         page = example.relative_to(root).as_posix()
         output = prose_facts.output_of_rst(rst.read_text())
         found = prose_facts.check(page, example.read_text(), output)
-        for finding in found:
-            if finding.key() not in known:
-                logger.warning(f"prose not backed by the page's output: {finding}")
-        keys = {finding.key() for finding in found}
-        for key in known:
-            if key.startswith(f"{page}: ") and key not in keys:
-                logger.warning(f"prose backed now, remove from {LISTED.name}: {key}")
+        new, backed = prose_facts.against_list(page, found, known)
+        for message in new:
+            logger.warning(f"prose not backed by the page's output: {message}")
+        for key in backed:
+            logger.warning(f"prose backed now, remove from {LISTED.name}: {key}")
 
 
 def setup(app):

@@ -14,14 +14,20 @@ state three kinds of fact, and each must be backed:
   backed when the output names it;
 - an **op** (an inline literal, or a snake_case word, naming an ATen op or a
   ``torch.nn.functional`` function, and a few op names without an underscore such as
-  ``softmax``): backed when the output or the page's code names it.
+  ``softmax``): backed when the output or the page's code names it ("matmul": any matrix
+  product, ``@`` included).
 
-A sentence that **generalises** (any, every, always, never, all, none, nothing) must name the
-set it was checked on: a device (CPU, CUDA, GPU, H100, ...), a compile backend (eager,
+A sentence that **generalises** (any, every, always, never, all, anything, everything) must
+name the set it was checked on: a device (CPU, CUDA, GPU, H100, ...), a compile backend (eager,
 aot_eager, inductor), a torch release (``2.13``, "this torch", "this build", "release"), a
 count after the quantifier ("all 86 ops"), or a pointer to what the page ran ("here", "this
-page", "above", "below", "in the table", "listed", "tested", "measured"). Idioms ("at all",
-"first of all") do not generalise.
+page", "above", "below", "in the table", "listed", "tested", "measured", "of this mask", "in
+these rows"). Idioms ("at all", "first of all") do not generalise.
+
+The check matches tokens, not meaning: a number printed anywhere on the page backs the same
+number in any sentence, so a sentence can be false with every token backed. It finds what no
+run shows: numbers typed into prose, dtypes and ops the page never printed or ran, and
+generalisations beyond what was run.
 
 The page's output is what sphinx-gallery captured from the run: its printed text and the text
 of its HTML reprs (:func:`output_of_rst` reads them from the generated ``.rst``). This module
@@ -36,7 +42,7 @@ import html
 import re
 from dataclasses import dataclass
 
-QUANTIFIER = re.compile(r"\b(any|every|always|never|all|none|nothing)\b", re.IGNORECASE)
+QUANTIFIER = re.compile(r"\b(any|every|always|never|all|anything|everything)\b", re.IGNORECASE)
 IDIOM = re.compile(
     r"\b(at all|first of all|above all|all in all|all the same|once and for all|not all)\b",
     re.IGNORECASE,
@@ -44,12 +50,13 @@ IDIOM = re.compile(
 NAMED_SET = re.compile(
     r"\b(CPUs?|CUDA|MPS|XPU|GPUs?|H100|H200|A100|devices?|eager|aot_eager|inductor|cudagraphs"
     r"|backends?|torch \d|\d+\.\d+|this (torch|build|release|machine|page|run)|releases?"
-    r"|here|above|below|in the table|listed|tested|checked|measured|we ran|shown|printed)\b",
+    r"|here|above|below|in the table|listed|tested|checked|measured|we ran|shown|printed"
+    r"|(of|in|on) (this|these|those|its) \w+)\b",
     re.IGNORECASE,
 )
 COUNTED = re.compile(
-    r"\b(any|every|all|none)\b(\W+\w+){0,3}?\W+\d", re.IGNORECASE
-)  # "all 86 ops", "none of the 12"
+    r"\b(any|every|all)\b(\W+\w+){0,3}?\W+\d", re.IGNORECASE
+)  # "all 86 ops", "every one of the 12"
 
 # Longest names first, so ``float8_e4m3fn`` is one name and not ``e4m3`` inside it.
 DTYPES = {
@@ -109,6 +116,8 @@ BARE_OPS = frozenset(
         "cumsum",
     ]
 )
+MATMULS = frozenset(["matmul", "mm", "addmm", "bmm", "baddbmm", "linear", "@"])
+""""The matmul" is backed by any matrix product the page shows or runs (``@`` included)."""
 LITERAL = re.compile(r"``(.+?)``|(?<![`:\w])`([^`<>]+?)`(?!`|_)")
 OP_SHAPE = re.compile(
     r"^(?:torch\.(?:nn\.functional\.|ops\.aten\.)?|F\.|aten(?:::|\.))?"
@@ -249,7 +258,7 @@ def stated(sentence: str) -> list[tuple[str, str]]:
     for word in re.findall(r"\b[a-z0-9]+\b", plain):
         if word in BARE_OPS:
             facts.append(("op", word))
-    q = QUANTIFIER.search(IDIOM.sub(" ", sentence))
+    q = QUANTIFIER.search(IDIOM.sub(" ", plain))
     if q and not NAMED_SET.search(sentence) and not COUNTED.search(sentence):
         facts.append(("general", q.group(1)))
     return list(dict.fromkeys(facts))
@@ -346,6 +355,8 @@ class Backing:
         }
         self.dtypes = {DTYPES[m.lower()] for m in DTYPE.findall(output)}
         self.words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", output + "\n" + code))
+        if re.search(r"[\w)\]]\s*@\s*[\w(]", code):
+            self.words.add("@")
 
     def backs(self, kind: str, token: str) -> bool:
         if kind == "number":
@@ -354,7 +365,7 @@ class Backing:
             name = DTYPES[token.lower()]
             return bool(self.dtypes & set(FAMILY.get(name, (name,))))
         if kind == "op":
-            return token in self.words
+            return token in self.words or (token == "matmul" and bool(self.words & MATMULS))
         return False
 
     def _number(self, token: str) -> bool:
@@ -390,3 +401,12 @@ def listed(path) -> list[str]:
     if not path.exists():
         return []
     return [k for k in path.read_text().splitlines() if k.strip() and not k.startswith("#")]
+
+
+def against_list(page: str, found: list[Finding], known: list[str]) -> tuple[list[str], list[str]]:
+    """What a checked page's findings say about the list of exceptions: the findings it does
+    not list (each a message), and its listed keys for the page that are backed now."""
+    keys = {finding.key() for finding in found}
+    new = [str(finding) for finding in found if finding.key() not in known]
+    backed = [key for key in known if key.startswith(f"{page}: ") and key not in keys]
+    return new, backed
