@@ -42,7 +42,7 @@ import html
 import re
 from dataclasses import dataclass
 
-QUANTIFIER = re.compile(r"\b(any|every|always|never|all|anything|everything)\b", re.IGNORECASE)
+QUANTIFIER = re.compile(r"\b(any|every|always|never|all|anything|everything)\b(?!-)", re.IGNORECASE)
 IDIOM = re.compile(
     r"\b(at all|first of all|above all|all in all|all the same|once and for all|not all)\b",
     re.IGNORECASE,
