@@ -1,8 +1,8 @@
 """The prose check (docs/prose_facts.py, run on every executed example by docs/prose_check.py).
 
 Every number, dtype and op an example's text blocks state must appear in that page's output or
-be a literal of its code, and a sentence with any, every, always, never or all
-must name the set it was checked on (the rules, in detail, are prose_facts's docstring). The
+be a literal of its code, and a sentence with any, every, always, never, all, anything or
+everything must name the set it was checked on (the rules, in detail, are prose_facts's docstring). The
 docs build applies it to each example it runs and fails (``-W``) on a finding that
 ``tests/data/prose_unchecked.txt`` does not list, and on a listed one that is backed now.
 
