@@ -313,7 +313,7 @@ def output_of_rst(rst: str) -> str:
 
 
 def _code(source: str) -> str:
-    """The page's code: the source without its docstring and text blocks."""
+    """The page's code: the source without its docstring, text blocks and comments."""
     blocks = {
         ln
         for first, text in text_blocks(source)
@@ -321,8 +321,11 @@ def _code(source: str) -> str:
     }
     m = re.match(r'\s*[rRuU]?("""|\'\'\')(.*?)\1', source, re.DOTALL)
     skip = m.group(0).count("\n") + 1 if m else 0
+    # Comments are prose too: a number typed into one backs nothing.
     return "\n".join(
-        line for n, line in enumerate(source.splitlines(), 1) if n > skip and n not in blocks
+        re.sub(r"  # .*$", "", line)
+        for n, line in enumerate(source.splitlines(), 1)
+        if n > skip and n not in blocks and not line.lstrip().startswith("#")
     )
 
 

@@ -100,6 +100,14 @@ def test_a_number_the_code_sets_is_backed(tmp_path):
     assert run_page(tmp_path, "After 1000 additions the total is 256.") == []
 
 
+def test_a_number_in_a_code_comment_backs_nothing():
+    source = PAGE.format(step=1.0, claim="It stops at 512.").replace(
+        "import torch\n", "import torch  # stops at 512\n# 512 again\n"
+    )
+    found = prose_facts.check("examples/planted/plot_planted.py", source, "stopped at 256")
+    assert ("number", "512") in tokens(found)
+
+
 def test_another_step_changes_the_output_and_the_finding(tmp_path):
     # With steps of 0.5 the total stops at 128: the same claim is now false.
     found = run_page(tmp_path, "The bf16 total stops at 256.", step=0.5)
