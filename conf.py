@@ -54,6 +54,8 @@ extensions = [
     "api_pages",
     # The notebook pages (docs/*.md) execute while the gallery runs, not after it.
     "early_notebooks",
+    # Each executed example's prose against its output (docs/prose_check.py).
+    "prose_check",
 ]
 
 exclude_patterns = [
