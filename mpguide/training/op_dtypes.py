@@ -1,4 +1,4 @@
-"""The dtype each op family of a forward computed in, read from a
+"""The dtype each op family of a forward produced, read from a
 :class:`mpguide.core.dtypes.Log`: what decides whether a softmax, a norm or a loss ran in
 bf16 or float32 (the question FSDP2's ``MixedPrecisionPolicy`` and autocast answer apart).
 """
@@ -20,11 +20,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 
 def compute_dtypes(log: dtypes.Log) -> dict[str, str]:
     """``{family: dtypes}`` for each family of :data:`FAMILIES` the log holds: the distinct
-    dtypes of the first input of its calls, in order of appearance, joined by ``" + "``."""
+    output dtypes of its calls, in order of appearance, joined by ``" + "``. The output, not
+    the input: under CUDA autocast ``_log_softmax`` takes bf16 and computes into float32
+    (``half_to_float``)."""
     seen: dict[str, dict[str, None]] = {}
     for call in log.calls:
         base = call.op.rsplit(".", 1)[0] if call.op.count(".") > 1 else call.op
         for family, ops in FAMILIES.items():
-            if base in ops and call.ins:
-                seen.setdefault(family, {})[dtypes.name(call.ins[0])] = None
+            if base in ops and call.out is not None:
+                seen.setdefault(family, {})[dtypes.name(call.out)] = None
     return {family: " + ".join(found) for family, found in seen.items()}
