@@ -40,7 +40,8 @@ print(f"CUDA rows: {device.label('cuda', cuda.how)}")
 # ``autocast`` needed with FSDP2? ... my softmaxes (say) will be in ``float32``. This behavior
 # requires the autocast wrapper"), `torchtitan#600 <https://github.com/pytorch/torchtitan/issues/600>`__
 # ("How would this affect specific operations in the layer, such as the SoftMax, which
-# typically run in FP32?") and `modalities#464 <https://github.com/Modalities/modalities/issues/464>`__.
+# typically run in FP32?"), with awgu's answer in `pytorch#105348
+# <https://github.com/pytorch/pytorch/issues/105348>`__ for FSDP1.
 # A small language model (embedding, two attention blocks with LayerNorm and softmax, a head)
 # sharded with ``MixedPrecisionPolicy(param_dtype=bfloat16)``, one forward and the
 # cross-entropy, without and with autocast; the dtype each op family computed into, from a
@@ -105,15 +106,17 @@ with torch.no_grad():
     on_cuda = copy.deepcopy(reference).to(bf16)
     with device.tensors(cuda, [on_cuda]), device.autocast(cuda, bf16), dtypes.Log() as log:
         logits = on_cuda(device.move(tokens, cuda))
-        F.cross_entropy(logits, device.move(targets, cuda))
+        cuda_loss_dtype = F.cross_entropy(logits, device.move(targets, cuda)).dtype
 cuda_dtypes = compute_dtypes(log)
 families = ("matmul", "softmax", "layer norm", "log_softmax (cross-entropy)", "nll loss")
 policy_ops = Table(
     ("run", *families, "loss dtype"),
-    tuple((name, *(d.get(f, "") for f in families), dtypes.name(loss.dtype))
-          for name, (loss, d) in runs.items())
-    + ((f"bf16 parameters + autocast ({device.label('cuda', cuda.how)})",
-        *(cuda_dtypes.get(f, "") for f in families), "float32"),),
+    (
+        *((name, *(d.get(f, "") for f in families), dtypes.name(loss.dtype))
+          for name, (loss, d) in runs.items()),
+        (f"bf16 parameters + autocast ({device.label('cuda', cuda.how)})",
+         *(cuda_dtypes.get(f, "") for f in families), dtypes.name(cuda_loss_dtype)),
+    ),
     f"output dtype of each op family; FSDP2 live on cpu, world size 1, torch {torch.__version__}",
 )
 policy_ops

@@ -62,7 +62,9 @@ def facts(code: str) -> CodeFacts:
     def unique(found: list[str]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(found))
 
-    dots = [f"input_precision={p}" if p else f"allow_tf32={t}" for p, t in _DOT_PRECISION.findall(code)]
+    dots = [
+        f"input_precision={p}" if p else f"allow_tf32={t}" for p, t in _DOT_PRECISION.findall(code)
+    ]
     return CodeFacts(
         extern=unique(_EXTERN.findall(code)),
         kernels=unique(_CPP_KERNEL.findall(code) + _TRITON_KERNEL.findall(code)),

@@ -121,7 +121,14 @@ class Timings:
 
     def table(self) -> Table:
         rows = tuple(
-            (n["op family"], n["mode"], n["median ms"], n["x float32"], c["median ms"], c["x float32"])
+            (
+                n["op family"],
+                n["mode"],
+                n["median ms"],
+                n["x float32"],
+                c["median ms"],
+                c["x float32"],
+            )
             for n, c in zip(self.native.records(), self.capped.records(), strict=True)
         )
         return Table(
@@ -146,7 +153,9 @@ def capped(repeat: int = 15, scale: int = 2, timeout: float = 300) -> Table:
     env = {**os.environ, **CAPPED}
     cmd = [sys.executable, "-m", "mpguide.core.cpu_bf16", str(repeat), str(scale)]
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=True)
+        done = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout, check=True
+        )
     except (subprocess.SubprocessError, OSError) as err:
         raise MPGuideError(f"the capped measurement failed: {err}") from None
     return _table(json.loads(done.stdout))

@@ -10,6 +10,7 @@ changes no output in exact arithmetic: the trick of fp16-fixed VAE checkpoints, 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,8 +40,14 @@ class ResBlock(nn.Module):
 class Decoder(nn.Module):
     """Latent (``latent`` channels) to an RGB image twice as large per upsampling."""
 
-    def __init__(self, latent: int = 4, channels: int = 32, blocks: int = 4, groups: int = 8,
-                 upsample_after: tuple[int, ...] = (1,)):
+    def __init__(
+        self,
+        latent: int = 4,
+        channels: int = 32,
+        blocks: int = 4,
+        groups: int = 8,
+        upsample_after: tuple[int, ...] = (1,),
+    ):
         super().__init__()
         self.conv_in = nn.Conv2d(latent, channels, 3, padding=1)
         self.blocks = nn.ModuleList(ResBlock(channels, groups) for _ in range(blocks))
@@ -122,8 +129,13 @@ class Run:
         return self.image.isnan().float().mean().item()
 
 
-def decode(dec: Decoder, z: torch.Tensor, dtype: torch.dtype, label: str = "",
-           prepare: Callable[[Decoder], Decoder] | None = None) -> Run:
+def decode(
+    dec: Decoder,
+    z: torch.Tensor,
+    dtype: torch.dtype,
+    label: str = "",
+    prepare: Callable[[Decoder], Decoder] | None = None,
+) -> Run:
     """Decode ``z`` with a copy of ``dec`` cast to ``dtype`` (then passed through ``prepare``),
     recording each stage's output: the input convolution, each block (after its upsampling),
     the output norm and convolution."""
@@ -133,8 +145,13 @@ def decode(dec: Decoder, z: torch.Tensor, dtype: torch.dtype, label: str = "",
 
     def keep(name: str, h: torch.Tensor) -> None:
         finite = h[h.isfinite()]
-        stages.append((name, finite.abs().max().item() if finite.numel() else float("nan"),
-                       bool(h.isfinite().all())))
+        stages.append(
+            (
+                name,
+                finite.abs().max().item() if finite.numel() else float("nan"),
+                bool(h.isfinite().all()),
+            )
+        )
 
     with torch.no_grad():
         h = model.conv_in(z.to(dtype))
@@ -162,7 +179,7 @@ def stage_table(runs: list[Run], caption: str = "") -> Table:
             _, peak, finite = run.stages[i]
             if finite:
                 cells.append(f"{peak:.4g}")
-            elif peak == peak:  # some values finite
+            elif not math.isnan(peak):  # some values finite
                 cells.append(f"inf/NaN (finite max {peak:.4g})")
             else:
                 cells.append("all inf/NaN")

@@ -55,8 +55,9 @@ def emulated(a: torch.Tensor, b: torch.Tensor, scheme: str) -> torch.Tensor:
         raise MPGuideError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
     fmt, terms, most = SCHEMES[scheme]
     ta, tb = split(a, fmt, terms), split(b, fmt, terms)
-    pairs = sorted(((i, j) for i in range(terms) for j in range(terms) if i + j <= most),
-                   key=lambda p: -sum(p))
+    pairs = sorted(
+        ((i, j) for i in range(terms) for j in range(terms) if i + j <= most), key=lambda p: -sum(p)
+    )
     with state.preserved():
         torch.backends.fp32_precision = "ieee"
         out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
@@ -84,7 +85,12 @@ class SchemeErrors:
 
     def table(self) -> Table:
         rows = tuple(
-            (name, 1 if name == "fp32 (IEEE)" else products(name), err, err / self.errors["fp32 (IEEE)"])
+            (
+                name,
+                1 if name == "fp32 (IEEE)" else products(name),
+                err,
+                err / self.errors["fp32 (IEEE)"],
+            )
             for name, err in self.errors.items()
         )
         m, k, n = self.shape
