@@ -321,14 +321,15 @@ print(f"on torch {torch.__version__}: a float32 model hands float32 to SDPA; aut
 # %%
 # The warning is transformers checking the model's dtype at load time; what attention gets
 # is decided per call. Under autocast SDPA is on the lower-precision list of both devices, so
-# a float32 model's attention receives bf16 (second row), and ``flash_attention_2`` gets
-# bf16 too: the warning can be ignored when the step runs under autocast (hiyouga's answer in
-# EasyR1#571), and the model's own float32 attention does not run. Without autocast, a float32
-# model runs float32 attention: on the CPU SDPA's flash kernel accepts float32 (the backend
-# column); on CUDA the flash backend takes only fp16 and bf16, so SDPA picks the
-# memory-efficient or math kernel, and the ``flash_attention_2`` implementation raises.
-# Which CUDA backend each dtype gets is decided by the GPU (its compute capability) and is
-# checked when this page runs on one:
+# a float32 model's attention ran in bf16 (second row); the query, key and value come out of
+# linear layers, which autocast also runs in bf16, so a ``flash_attention_2`` implementation
+# is handed bf16 as well. That is hiyouga's answer in EasyR1#571 ("You can safely ignore this
+# warning") for a step run under autocast. Without autocast a float32 model runs float32
+# attention: the CPU's flash kernel takes float32 (the backend column), but the CUDA
+# flash-attention kernels take only fp16 and bf16 (tridao in `flash-attention#622
+# <https://github.com/Dao-AILab/flash-attention/issues/622>`__: "fp32 is not supported"), so
+# on a GPU SDPA must pick another backend for float32. Which one each dtype gets depends on
+# the GPU and is checked when this page runs on one:
 if cuda.how == device.LIVE:
     from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
 

@@ -69,8 +69,8 @@ print(f"finite runs, max |image error| / max |image| vs float32: bf16 {error(by[
       f"float16 with the stream / 8 {error(by['float16, stream / 8']):.3g}")
 
 # %%
-# The overflow happens in the residual add of the last block, where the stream passes
-# 65504; the GroupNorm after it computes the mean and variance of a group holding ``inf``,
+# The overflow happens in the last block, where the float32 stream passes 65504; the
+# GroupNorm after it computes the mean and variance of a group holding ``inf``,
 # gets ``inf - inf`` and NaN, and every pixel downstream of the group is NaN: a black image.
 # Running the norms in float32 does not help: the ``inf`` is already in the stream they
 # read. bf16 has float32's range and decodes (at bf16's precision); so does float32
