@@ -107,3 +107,25 @@ def test_every_section_of_pages_12_to_14_answers_a_question():
         for anchor in questions.sections(page):
             if anchor not in ("setup", "what-we-saw"):
                 assert f"{rel}#{anchor}" in answered, f"{rel}#{anchor} answers no question"
+
+
+def test_lora_layer_casts_input_to_adapter_and_back():
+    from mpguide.training import lora_precision
+
+    layer = lora_precision.adapter(torch.float32, width=16, rank=4)
+    x = torch.randn(2, 16).bfloat16()
+    with torch.no_grad():
+        layer.lora_B.weight.fill_(0.1)
+        out = layer(x)
+        expected = layer.base(x).float() + layer.scaling * layer.lora_B(layer.lora_A(x.float()))
+    assert out.dtype == torch.bfloat16 and layer.lora_A.weight.dtype == torch.float32
+    assert torch.equal(out, expected.bfloat16())
+
+
+def test_bf16_adapter_loses_small_updates():
+    from mpguide.training import lora_precision
+
+    kept = lora_precision.kept_update(steps=3, lr=1e-4, width=32)
+    assert kept.unchanged_first_step["float32"] == 0.0 < kept.unchanged_first_step["bfloat16"]
+    with pytest.raises(MPGuideError, match="steps"):
+        lora_precision.kept_update(steps=0)

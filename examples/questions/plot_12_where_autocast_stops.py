@@ -2,16 +2,17 @@
 Where autocast stops: FSDP2 policies, custom ops, SDPA
 ======================================================
 
-Three questions of 2025-2026 about code that autocast does not reach, or reaches in a way the
+Four questions of 2025-2026 about code that autocast does not reach, or reaches in a way the
 reader did not expect: a model sharded by FSDP2 with a bf16 ``MixedPrecisionPolicy`` and no
-autocast, a custom op (the wrapper of a Triton kernel) called under autocast, and attention
-in a model loaded in float32. Each is run here: FSDP2 for real (one process, gloo, the CPU),
+autocast, a custom op (the wrapper of a Triton kernel) called under autocast, attention in a
+model loaded in float32, and a float32 LoRA adapter on a bf16 base. Each is run here: FSDP2 for real (one process, gloo, the CPU),
 the ops' dtypes read from a dispatch log, CUDA's autocast simulated on fake tensors where
 this machine has no GPU. The answers on this torch: the policy casts parameters and inputs,
 nothing per op, so softmax, norms and the loss run in bf16 until autocast or a ``.float()``
 is added; a custom op gets whatever dtypes its callers hand it until
 ``torch.library.register_autocast`` casts them, eager and compiled alike; and a model loaded
-in float32 hands float32 to SDPA unless autocast casts it.
+in float32 hands float32 to SDPA unless autocast casts it; and a float32 LoRA adapter computes
+in bf16 under autocast but keeps the small optimizer updates a bf16 adapter rounds away.
 """
 
 # %%
@@ -348,6 +349,76 @@ else:
     print("CUDA backend per dtype: not recorded yet (this page checks it when built on a GPU)")
 
 # %%
+# Should my LoRA adapter be float32 on a bf16 base, and what runs in float32 then?
+# --------------------------------------------------------------------------------
+# Asked in `peft#2421 <https://github.com/huggingface/peft/issues/2421>`__ ("Adapters saved in
+# float16 are loaded in float32"; BenjaminBossan: "When LoRA is loaded, by default, it is
+# always cast to float32"), the change that made it so, `peft#1706
+# <https://github.com/huggingface/peft/pull/1706>`__, and `AgileRL#623
+# <https://github.com/AgileRL/AgileRL/pull/623>`__ ("Under bf16 autocast ``F.linear``
+# autocasts both operands to bf16 regardless"). A bf16 ``Linear(64, 64)`` with a rank-8
+# adapter computed as PEFT's LoRA layer computes it
+# (:class:`mpguide.training.lora_precision.LoRALinear`: the input cast to the adapter's
+# dtype, the sum cast back to the base's), one forward and backward on a bf16 input, with a
+# float32 or a bf16 adapter, without and with autocast:
+from mpguide.training import lora_precision
+
+lora_runs = {}
+for adapter_dtype in (f32, bf16):
+    for on in (False, True):
+        lora = lora_precision.adapter(adapter_dtype)
+        with dtypes.Log() as log, torch.autocast("cpu", dtype=bf16, enabled=on):
+            lora(torch.randn(4, 64, generator=gen).to(bf16)).float().sum().backward()
+        matmuls = [c for c in log.calls if c.op in ("aten.mm.default", "aten.addmm.default")]
+        lora_runs[(dtypes.name(adapter_dtype), on)] = (
+            dtypes.name(matmuls[0].out),
+            " + ".join(dict.fromkeys(dtypes.name(c.out) for c in matmuls[1:])),
+            dtypes.name(lora.lora_A.weight.grad.dtype),
+        )
+Table(("adapter", "autocast", "base matmul", "adapter matmuls (fwd + bwd)", "adapter grad"),
+      tuple((a, on, *got) for (a, on), got in lora_runs.items()),
+      f"live on cpu, torch {torch.__version__}")
+
+# %%
+assert lora_runs[("float32", False)] == ("bfloat16", "float32", "float32")
+assert lora_runs[("float32", True)] == ("bfloat16", "bfloat16", "float32")
+assert lora_runs[("bfloat16", False)] == lora_runs[("bfloat16", True)] == (
+    "bfloat16", "bfloat16", "bfloat16")
+print(f"on torch {torch.__version__}: a float32 adapter computes in float32 without autocast "
+      "and in bf16 under it; its gradients are float32 either way")
+
+# %%
+# Under autocast the adapter's matmuls run in bf16 whatever its weights' dtype, so the
+# float32 copy of the input that the layer makes is cast straight back (AgileRL#623 drops
+# it to save memory). What float32 adapter weights buy is the optimizer's update. The same
+# adapter trained towards a fixed target with AdamW at ``lr=1e-4``, its weights in float32
+# and in bf16:
+kept = lora_precision.kept_update(steps=20, lr=1e-4)
+typical = lora_precision.adapter(f32).lora_A.weight.detach().abs().median()
+spacing_a = (torch.nextafter(typical.to(bf16), torch.tensor(1.0, dtype=bf16)) - typical.to(bf16)).item()
+print(f"median |A| {typical.item():.3f}, bf16 spacing there {spacing_a:.2e}, lr {kept.lr:g}")
+print(f"elements of A the first step that reaches A left unchanged: {kept.unchanged_first_step}")
+print(f"after {kept.steps} steps, |change of A|: {kept.update_norm}; the bf16 change differs "
+      f"from the float32 one by {kept.lost:.0%} of it")
+
+# %%
+assert kept.unchanged_first_step["float32"] == 0.0
+assert kept.unchanged_first_step["bfloat16"] > 0.5 and kept.lost > 0.5
+assert kept.update_norm["bfloat16"] < 0.8 * kept.update_norm["float32"]
+assert spacing_a > kept.lr
+print(f"the bf16 adapter moved {kept.update_norm['bfloat16'] / kept.update_norm['float32']:.2f} "
+      "as far as the float32 one")
+
+# %%
+# AdamW moves each weight by about ``lr`` per step; at ``A``'s typical magnitude bf16's
+# spacing is larger than ``lr`` (printed above), so most of a step rounds away and the bf16
+# adapter moved a fraction of the float32 one's distance in 20 steps (printed). Keep the adapter (the trained weights) in float32, PEFT's default
+# since #1706, and run the forward under autocast: the matmuls are bf16 and the updates
+# kept. ``autocast_adapter_dtype=False`` (bf16 adapter weights) saves a few megabytes and
+# loses most small updates. Where else float32 master weights matter:
+# :ref:`sphx_glr_docs_auto_examples_questions_plot_06_training_precision.py`.
+
+# %%
 # What we saw
 # -----------
 # - FSDP2's ``MixedPrecisionPolicy`` left every op family in bf16 here; CPU autocast lifted
@@ -359,6 +430,9 @@ else:
 #   ``torch.library.register_autocast`` cast its inputs, eager and under ``aot_eager``.
 # - A float32 Llama handed float32 to SDPA; autocast made it bf16; the CPU's flash kernel
 #   took float32, bf16 and the autocast case alike.
+# - A float32 LoRA adapter on a bf16 base computed in float32 without autocast and in bf16
+#   under it, with float32 gradients; with bf16 weights most of a small AdamW step rounded
+#   away.
 #
 # .. admonition:: References
 #
