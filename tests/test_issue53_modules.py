@@ -129,3 +129,26 @@ def test_bf16_adapter_loses_small_updates():
     assert kept.unchanged_first_step["float32"] == 0.0 < kept.unchanged_first_step["bfloat16"]
     with pytest.raises(MPGuideError, match="steps"):
         lora_precision.kept_update(steps=0)
+
+
+def test_fake_quant_patches_linears_for_the_block_only():
+    from torch import nn
+
+    from mpguide.models import fake_quant
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+    x = torch.randn(4, 32)
+    ref = model(x)
+    with (
+        torch.no_grad(),
+        fake_quant.quantized(model, "nvfp4", activations=True, skip=("2",)) as err,
+    ):
+        got = model(x)
+    assert set(err) == {"0"} and 0 < err["0"] < 0.5
+    assert not torch.equal(got, ref) and torch.equal(model(x), ref)
+    with (
+        pytest.raises(MPGuideError, match="unknown recipe"),
+        fake_quant.quantized(model, "int3", activations=False),
+    ):
+        pass
