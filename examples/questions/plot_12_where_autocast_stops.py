@@ -102,7 +102,8 @@ with distributed.process_group():
 runs["float32, unsharded"] = loss_of(reference)
 
 # %%
-# The same model with its parameters in bf16 (what FSDP2 all-gathers), under CUDA's autocast:
+# The same model with its parameters in bf16 (what FSDP2 all-gathers), under CUDA's autocast
+# (live on a GPU, else simulated on fake CUDA tensors; the table's header says which):
 with torch.no_grad():
     on_cuda = copy.deepcopy(reference).to(bf16)
     with device.tensors(cuda, [on_cuda]), device.autocast(cuda, bf16), dtypes.Log() as log:
@@ -322,7 +323,7 @@ print(f"on torch {torch.__version__}: a float32 model hands float32 to SDPA; aut
 # %%
 # The warning is transformers checking the model's dtype at load time; what attention gets
 # is decided per call. Under autocast SDPA is on the lower-precision list of both devices, so
-# a float32 model's attention ran in bf16 (second row); the query, key and value come out of
+# a float32 model's attention ran in bf16 (second row; the CUDA column's header says whether it ran live or was simulated); the query, key and value come out of
 # linear layers, which autocast also runs in bf16, so a ``flash_attention_2`` implementation
 # is handed bf16 as well. That is hiyouga's answer in EasyR1#571 ("You can safely ignore this
 # warning") for a step run under autocast. Without autocast a float32 model runs float32

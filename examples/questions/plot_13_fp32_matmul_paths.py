@@ -116,7 +116,8 @@ else:
 # and `pytorch#181849 <https://github.com/pytorch/pytorch/pull/181849>`__ (the same emulation
 # in cuSOLVER), with `cutlass#2293 <https://github.com/NVIDIA/cutlass/issues/2293>`__ ("9xbf16
 # is almost the same as true fp32 while 6xbf16/3xtf32 still has a tiny delta"). First, what
-# the installed torch accepts for the float32 precision switches:
+# the installed torch accepts for the float32 precision switches (live: each value set and
+# read back on this build, no GPU needed):
 spellings = ("ieee", "tf32", "bf16", "bf16x3", "bf16x9", "bfx9", "tf32x3")
 accepted = {path: split_matmul.accepted(path, spellings)
             for path in ("cuda.matmul", "mkldnn.matmul")}
