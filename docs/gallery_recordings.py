@@ -112,10 +112,10 @@ def harvest_page(example: Path, gallery: Path, out: Path, slug: str, dev: str) -
     chapter, stem = example.parent.name, example.stem
     rst_path = gallery / chapter / f"{stem}.rst"
     cost = gallery / chapter / f"{stem}.cost.json"
-    if not rst_path.exists():
-        return {"status": "not run", "error": None, "seconds": None, "device": dev}
-    rst = rst_path.read_text(encoding="utf-8")
+    rst = rst_path.read_text(encoding="utf-8") if rst_path.exists() else ""
     error = _failure(rst)
+    if not error and not cost.exists():  # not executed (filtered out, or the build stopped)
+        return {"status": "not run", "error": None, "seconds": None, "device": dev}
     seconds = json.loads(cost.read_text())["time"] if cost.exists() else None
     stored = out / slug / chapter
     stored.mkdir(parents=True, exist_ok=True)

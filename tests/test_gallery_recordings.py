@@ -59,6 +59,7 @@ def built(tmp_path):
     (gallery / "ch" / "plot_01_x.cost.json").write_text('{"time": 3.14159, "memory": 0}')
     failing = "AttributeError: 'NoneType' object has no attribute 'error'"
     (gallery / "ch" / "plot_02_y.rst").write_text(page("", figure=False, failing=failing))
+    (gallery / "ch" / "plot_03_z.rst").write_text(page("never ran", figure=False))
     png = gallery / "ch" / "images" / "sphx_glr_plot_01_x_001.png"
     fig = Figure(figsize=(6.4, 4.8))
     ax = fig.subplots()
