@@ -29,21 +29,12 @@ done
 default_out=build/gpu_site
 [[ ${#allow[@]} -gt 0 ]] && default_out=/tmp/gpu_site_rehearsal
 OUT=$(mkdir -p "${OUT:-$default_out}" && cd "${OUT:-$default_out}" && pwd)
-PY=${PYTHON:-python3}
 CORES=$(nproc)
 started=$SECONDS
 say() { echo "[$((SECONDS - started))s] $*"; }
 
-# 1. The dependencies: from the carried wheels, in a venv that sees the machine's packages.
-if ! "$PY" -c "import sphinx_gallery, myst_nb, sphinx_design, msgspec, expecttest" 2>/dev/null; then
-  compgen -G ".whl/*.whl" >/dev/null || { echo "no .whl/: run docs/gpu_wheels.sh here first" >&2; exit 2; }
-  venv=/tmp/mpguide-site-venv
-  "$PY" -m venv --system-site-packages "$venv" || exit 2
-  "$venv/bin/python" -m pip install -q --no-index --find-links .whl --no-compile \
-    -r .whl/requirements.txt || { echo "installing from .whl/ failed" >&2; exit 2; }
-  PY=$venv/bin/python
-  say "installed $(ls .whl/*.whl | wc -l) wheels into $venv"
-fi
+# 1. The dependencies: from the carried wheels, beside the machine's torch.
+source docs/gpu_env.sh
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
 if [[ ${#allow[@]} -eq 0 ]] && ! "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
