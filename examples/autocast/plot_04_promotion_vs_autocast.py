@@ -104,7 +104,9 @@ def rule(name: str, p: policy.Policy) -> str:
         return probe.died
     if undecided(name, p):
         return policy.NEEDS_HARDWARE
-    if run.error and not run.error_outside and probe.fp32_in.error:
+    if run.error and probe.fp32_in.error and not probe.fp32_in.error_outside:
+        # float32 inputs that the kernel takes outside autocast: the refusal is autocast's,
+        # whether or not the kernel also refuses the mixed inputs (the CPU's BCE kernel does)
         return "raises: autocast refuses the op, whatever the input dtypes"
     if run.error and probe.kind == policy.UNSUPPORTED:
         return "raises: the kernel refuses the dtype"
