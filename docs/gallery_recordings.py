@@ -269,6 +269,25 @@ def setup(app):
 # -- command line ----------------------------------------------------------------------------
 
 
+def chain(pages: dict) -> tuple[float, list[str]]:
+    """How long the gallery's examples keep a build waiting: sphinx-gallery runs the chapters
+    one after the other, each as long as its slowest example (given enough workers); and a
+    line per chapter: its slowest example, the sum of its examples, those not passed."""
+    chapters: dict[str, list[tuple[float, str, str]]] = {}
+    for page, e in pages.items():
+        chapters.setdefault(page.split("/")[1], []).append((e["seconds"] or 0.0, page, e["status"]))
+    total, lines = 0.0, []
+    for chapter, rows in chapters.items():
+        rows.sort(reverse=True)
+        total += rows[0][0]
+        lines.append(
+            f"{chapter}: slowest {rows[0][0]:.1f} s ({Path(rows[0][1]).name}), "
+            f"all {sum(r[0] for r in rows):.1f} s"
+        )
+        lines += [f"    {status}: {page}" for _, page, status in rows if status != "passed"]
+    return total, lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """``harvest``: bad input ends with one line and status 2."""
     from mpguide import MPGuideError
@@ -280,7 +299,19 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--out", type=Path, required=True, help="folder of the recording")
     h.add_argument("--command", dest="built_by", required=True, help="the build's command line")
     h.add_argument("--allow-cpu", action="store_true", help="harvest a CPU build (rehearsal)")
+    t = sub.add_parser("times", help="the slowest example of each chapter, and their sum")
+    t.add_argument("manifest", type=Path)
     args = p.parse_args(argv)
+    if args.command == "times":
+        try:
+            pages = json.loads(args.manifest.read_text())["pages"]
+        except (OSError, ValueError, KeyError) as err:
+            print(f"gallery_recordings.py: error: {args.manifest}: {err}", file=sys.stderr)
+            return 2
+        total, lines = chain(pages)
+        print("\n".join(lines))
+        print(f"the gallery's chain (each chapter waits for its slowest example): {total:.0f} s")
+        return 0
     try:
         if not args.gallery.is_dir():
             raise MPGuideError(f"{args.gallery}: no gallery built there")

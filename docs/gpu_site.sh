@@ -60,25 +60,7 @@ grep -E "WARNING|ERROR|failed|Error" "$OUT/build.log" | tail -n 15
 # 3. What each example printed and drew on this machine, and how long it took.
 "$PY" docs/gallery_recordings.py harvest --out "$OUT/gallery" --command "$command" "${allow[@]}"
 harvest=$?
-"$PY" - "$OUT" <<'PY' | tee "$OUT/times.txt"
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-manifest = next((out / "gallery").glob("*.json"))
-pages = json.loads(manifest.read_text())["pages"]
-chapters = {}
-for page, e in pages.items():
-    chapters.setdefault(page.split("/")[1], []).append((e["seconds"] or 0, page, e["status"]))
-chain = 0
-for chapter, rows in chapters.items():
-    rows.sort(reverse=True)
-    chain += rows[0][0]
-    print(f"{chapter}: longest {rows[0][0]:.1f} s ({rows[0][1]}), all {sum(r[0] for r in rows):.1f} s")
-    for seconds, page, status in rows:
-        if status != "passed" or seconds >= 30:
-            print(f"    {seconds:7.1f} s  {status:8} {page}")
-print(f"the gallery's chain (each chapter waits for its slowest example): {chain:.0f} s")
-PY
+"$PY" docs/gallery_recordings.py times "$OUT"/gallery/*.json | tee "$OUT/times.txt"
 [[ $keep_html -eq 1 ]] && tar -czf "$OUT/html.tar.gz" -C build html
 du -sh "$OUT/gallery"
 say "done: sphinx exit $sphinx, harvest exit $harvest"

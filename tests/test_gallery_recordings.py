@@ -206,3 +206,19 @@ def test_every_example_passed_on_each_recorded_gpu(manifest):
     assert not failed
     for entry in doc["pages"].values():
         assert (manifest.parent / entry["outputs"]).is_file()
+
+
+def test_the_chain_is_the_sum_of_each_chapters_slowest_example():
+    pages = {
+        "examples/a/plot_01.py": {"seconds": 10.0, "status": "passed"},
+        "examples/a/plot_02.py": {"seconds": 30.0, "status": "passed"},
+        "examples/b/plot_01.py": {"seconds": 5.0, "status": "passed"},
+        "examples/b/plot_02.py": {"seconds": None, "status": "not run"},
+    }
+    total, lines = gr.chain(pages)
+    assert total == 35.0
+    assert lines == [
+        "a: slowest 30.0 s (plot_02.py), all 40.0 s",
+        "b: slowest 5.0 s (plot_01.py), all 5.0 s",
+        "    not run: examples/b/plot_02.py",
+    ]
