@@ -104,7 +104,18 @@ def _stored_output(output: str, slug: str) -> str:
     """A block's output with its figures pointing at the stored copies."""
     output = re.sub(r"^(\s*)\.\. image-sg::", r"\1.. image::", output, flags=re.MULTILINE)
     output = re.sub(r"^\s*:srcset:.*\n", "", output, flags=re.MULTILINE)
-    return _IMAGE.sub(lambda m: f"/{RECORDED.as_posix()}/{slug}/{m['chapter']}/{m['file']}", output)
+
+    def stored(m: re.Match) -> str:
+        return f"/{RECORDED.as_posix()}/{slug}/{m['chapter']}/{_stored_name(slug, m['file'])}"
+
+    return _IMAGE.sub(stored, output)
+
+
+def _stored_name(slug: str, file: str) -> str:
+    """A stored figure's file name: the GPU's slug before sphinx-gallery's, so that Sphinx,
+    which copies every image of the site into one folder by its name, keeps it apart from
+    the live figure of the same block."""
+    return f"{slug}-{file}"
 
 
 def harvest_page(example: Path, gallery: Path, out: Path, slug: str, dev: str) -> dict:
@@ -125,7 +136,8 @@ def harvest_page(example: Path, gallery: Path, out: Path, slug: str, dev: str) -
         if digest and output:
             kept.append({"code": digest, "output": _stored_output(output, slug)})
             for m in _IMAGE.finditer(output):
-                _compress(gallery / chapter / "images" / m["file"], stored / m["file"])
+                src = gallery / chapter / "images" / m["file"]
+                _compress(src, stored / _stored_name(slug, m["file"]))
     page = {"example": example.as_posix(), "blocks": kept}
     (stored / f"{stem}.json").write_text(json.dumps(page, indent=1) + "\n")
     return {
