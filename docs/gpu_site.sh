@@ -51,7 +51,7 @@ pattern=()
 [[ -n $chapters ]] && pattern=(-D "sphinx_gallery_conf.filename_pattern=/($chapters)/plot_")
 command="bash docs/gpu_site.sh $*"
 say "building the site: $CORES gallery workers"
-timeout 460 "$PY" -m sphinx -b html -W --keep-going -j auto -d build/doctrees "${pattern[@]}" \
+timeout --kill-after=15 500 "$PY" -m sphinx -b html -W --keep-going -j auto -d build/doctrees "${pattern[@]}" \
   . build/html >"$OUT/build.log" 2>&1
 sphinx=$?
 say "sphinx exit $sphinx; log: $OUT/build.log"
