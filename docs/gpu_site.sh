@@ -55,7 +55,7 @@ timeout --kill-after=15 500 "$PY" -m sphinx -b html -W --keep-going -j auto -d b
   . build/html >"$OUT/build.log" 2>&1
 sphinx=$?
 say "sphinx exit $sphinx; log: $OUT/build.log"
-grep -E "WARNING|ERROR|failed|Error" "$OUT/build.log" | tail -n 15
+grep -E "WARNING|ERROR|failed|Error" "$OUT/build.log" | grep -v IPKernelApp | tail -n 15
 
 # 3. What each example printed and drew on this machine, and how long it took.
 "$PY" docs/gallery_recordings.py harvest --out "$OUT/gallery" --command "$command" "${allow[@]}"
