@@ -46,6 +46,9 @@ fi
 export PYTHONPATH="$PWD:$PWD/docs${PYTHONPATH:+:$PYTHONPATH}" PYTHONHASHSEED=0 MPLBACKEND=Agg
 export HF_HUB_OFFLINE=1 MPGUIDE_CACHE="$PWD/build/cache" MPGUIDE_DOCS_JOBS=$CORES
 export MPGUIDE_GALLERY_KEEP_GOING=1 PYTHONUNBUFFERED=1
+# Up to nine examples run at once (the largest chapter): each gets a few of the cores for
+# torch's CPU threads instead of every one (a page's device line says how many it had).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(((CORES + 3) / 4))}
 rm -rf docs/auto_examples build/doctrees build/html build/jupyter_cache
 pattern=()
 [[ -n $chapters ]] && pattern=(-D "sphinx_gallery_conf.filename_pattern=/($chapters)/plot_")
