@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Everything the site records on a lent GPU machine, in one run of at most 9 minutes; the pages
-# with a GPU path run in a second call (`bash docs/gpu_pages.sh`, at most 4 minutes).
+# The site's recorded measurements on a lent GPU machine, in one call of at most 9 minutes: the
+# second call of docs/publishing.md's procedure (the first, `bash docs/gpu_site.sh`, builds the
+# whole site there and records every example's output).
 #
 # On the GPU machine (Python 3.12, torch with CUDA, no network): `bash docs/gpu_run.sh`. The
-# packages it lacks travel as wheels in .whl/ (made here by `bash docs/gpu_wheels.sh`). Outputs
+# packages it lacks travel as wheels in .whl/ (made here by `bash docs/gpu_wheels.sh`,
+# installed by docs/gpu_env.sh). Outputs
 # land in $OUT (default build/gpu_run): the recording (docs/recorded/), the GPU tests' log, one
 # training step's CUDA trace (tests/data/gpu/), the model report's benchmark (docs/benchmarks/)
 # with a profile of one report (.prof, .txt), and the provenance of the run. Rehearse it on a
@@ -15,12 +17,7 @@ mkdir -p "$OUT"
 allow=()
 [[ "${1:-}" == "--allow-cpu" ]] && allow=(--allow-cpu)
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python3}
-if ! "$PY" -c "import msgspec" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 2
-  export PYTHONPATH="/tmp/site:$PYTHONPATH"
-fi
+source docs/gpu_env.sh
 status=0
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
   local name=$1 limit=$2

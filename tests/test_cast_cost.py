@@ -45,7 +45,7 @@ def test_an_op_that_ends_the_probing_process_is_listed_and_the_probe_goes_on():
     probes = isolated.probe_ops(chosen, "cpu", torch.bfloat16)
     assert [p.op for p in probes] == [ops[0].name, "not_an_op", ops[2].name]
     assert probes[1].kind == policy.UNSUPPORTED
-    assert probes[1].note.startswith("the process died (exit status 1)")
+    assert probes[1].died.startswith("probe died: exit status 1 (KeyError")
     direct = policy.probe("cpu", torch.bfloat16, [ops[0], ops[2]])
     assert [(p.kind, p.fp32_in, p.low_in) for p in (probes[0], probes[2])] == [
         (p.kind, p.fp32_in, p.low_in) for p in direct.probes

@@ -29,6 +29,8 @@ LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED, NEEDS_HARDWARE = (
     _device.NEEDS_HARDWARE,
 )
 CLASSES = (LOWER, FLOAT32, PROMOTE, UNCHANGED, UNSUPPORTED, NEEDS_HARDWARE)
+DIED = "probe died"
+"""The start of the note of an op whose probe ended its process (:mod:`.isolated`)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,11 @@ class Probe:
         """The first error of the three runs."""
         runs = (self.fp32_in, self.low_in, self.mixed_in)
         return next((r.error for r in runs if r is not None and r.error), None)
+
+    @property
+    def died(self) -> str | None:
+        """Why the process probing this op died (a signal, a broken device), or ``None``."""
+        return self.reason if self.reason.startswith(DIED) else None
 
     @property
     def note(self) -> str:
