@@ -116,7 +116,7 @@ print(f"bf16 on the CPU picks the flash SDPA kernel by default: {default_is_flas
 # themselves (a bf16 logit near 10 is off by up to 1/32) but not the body's, so the gap
 # falls only by the share printed above. A temperature divided in bf16 rounds the logits a
 # second time. The attention kernel alone moves logprobs too: the math and flash kernels
-# accumulate in different orders, and on this CPU the default bf16 choice is the one printed
+# round and accumulate differently, and on this CPU the default bf16 choice is the one printed
 # above. Fast-LLM#525 measures the same per-token quantity between real engines on a real
 # model.
 #
@@ -199,8 +199,9 @@ print(f"float32 gate: casts {x.numel() * 4 / 2**20:.0f} MiB of float32 activatio
 #   alone moves logprobs; float32 on both sides gives identical logprobs.
 # - bf16 router logits change the top-8 expert set of the share of tokens printed above;
 #   ``.float()`` after the matmul changes nothing, a float32 gate removes nearly all of it,
-#   and ``torch.mm(..., out_dtype=torch.float32)`` is the cheaper way where the device has a
-#   kernel for it (CUDA here; not the CPU on this torch).
+#   and ``torch.mm(..., out_dtype=torch.float32)`` gives float32 logits without a float32
+#   copy of the activations where the device has a kernel for it: CUDA (simulated here), not
+#   the CPU (live) on this torch.
 #
 # .. admonition:: References
 #

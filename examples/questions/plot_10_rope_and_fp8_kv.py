@@ -55,8 +55,9 @@ print(f"on torch {torch.__version__}: the matmul form is lowered on cpu and cuda
 
 # %%
 # The thread's claim holds for the matmul (``matmul`` is on both devices' lower-precision
-# list). ``einsum`` is on CUDA's list but not the CPU's, so gpt-neox-style
-# ``einsum("i,j->ij")`` angles are float32 in a CPU test and bf16 on the GPU;
+# list: live on the CPU, simulated for CUDA). ``einsum`` is on CUDA's list (simulated) but not
+# the CPU's, so gpt-neox-style ``einsum("i,j->ij")`` angles are float32 in a CPU test and
+# bf16 under CUDA autocast;
 # ``torch.outer`` and the broadcast multiply are on neither. What bf16 angles do: the
 # fastest frequency (``inv_freq = 1``, angle = position) in windows of 512 consecutive
 # positions at growing offsets, under CPU autocast, against float64:
@@ -95,8 +96,8 @@ print(f"at offset 65,536 bf16 angles leave {far[f'distinct of {WINDOW}']} distin
 # converge on is the row that recovers every angle: compute the table inside
 # ``torch.autocast(device_type, enabled=False)`` with float32 operands, as transformers'
 # RoPE modules do (transformers#29285), or use ``torch.outer`` or a broadcast multiply, which
-# autocast leaves alone on both devices. Casting ``cos`` and ``sin`` to bf16 afterwards is
-# harmless: they are in [-1, 1], where bf16's absolute error is small.
+# autocast leaves alone on both devices. Casting ``cos`` and ``sin`` to bf16 afterwards costs
+# little: they are in [-1, 1], where a bf16 rounding is at most ``2**-9``.
 
 # %%
 # How much does an fp8 KV cache lose without calibrated scales?
@@ -162,7 +163,7 @@ print(f"values of std {first['value std']:g}: scale 1.0 as good as amax scales "
       f"{tiniest['V error, per-head amax']:.3f} per head")
 
 # %%
-# e4m3's relative precision (3 mantissa bits, about 3%) is the same wherever values sit in its
+# e4m3's relative precision (3 mantissa bits) is the same wherever values sit in its
 # normal range, 2**-6 to 448, so a scale of 1.0 costs nothing for values of standard
 # deviation 1 (the first row), which is why an uncalibrated cache can serve a model whose K
 # and V stay in that range. It costs where values leave that range: keys

@@ -161,7 +161,8 @@ per_token_error = abs(per_token.double().mean().item() - loss64)
 assert bf16_ce.loss_dtype == per_token.dtype == torch.bfloat16
 assert bf16_ce.loss_error > bf16_step / 2 and bf16_ce.loss_error > 10 * per_token_error
 assert upcast.loss_error < bf16_ce.loss_error and f32.loss_error < upcast.loss_error
-assert abs(chunks.loss_error - upcast.loss_error) < 1e-5 and chunks.grad_error == upcast.grad_error
+assert abs(chunks.loss_error - upcast.loss_error) < 1e-5
+assert abs(chunks.grad_error - upcast.grad_error) < 0.1 * upcast.grad_error
 assert chunks.peak_bytes * 3 < upcast.peak_bytes
 print(f"loss {loss64:.3f} nats (bf16 step there: {bf16_step:g}); bf16 loss off by "
       f"{bf16_ce.loss_error:.4f}, though the mean of its bf16 per-token losses, taken in "
@@ -176,8 +177,9 @@ print(f"loss {loss64:.3f} nats (bf16 step there: {bf16_step:g}); bf16 loss off b
 # over the tokens is rounded in bf16 along the way (the first figure printed above against
 # the second). ``.float()`` on the logits keeps the loss in float32 and costs a float32
 # copy of the logits; the float32 matmul also keeps the logits' own bits, as marin#8217 asks
-# for. Chunking with recomputation gives the same numbers as the unchunked float32 loss and
-# holds one chunk of logits at a time.
+# for. Chunking with recomputation gives the loss of the unchunked ``.float()`` row (to the
+# summation order) and a gradient as close to float64, and holds one chunk of logits at a
+# time.
 #
 # torch's own ``F.linear_cross_entropy``, where the installed torch has it:
 if has_lce:
@@ -245,7 +247,7 @@ if has_lce:
 #
 # .. admonition:: References
 #
-#    :torchdoc:`tensor_attributes.html` (the float8 dtypes), :torchapi:`torch.finfo`,
+#    :torchdoc:`tensor_attributes.html` (the float8 dtypes), :torchdoc:`type_info.html` (torch.finfo),
 #    :torchapi:`torch.nn.functional.cross_entropy`,
 #    :torchapi:`torch.nn.functional.linear_cross_entropy`,
-#    :torchapi:`torch.utils.checkpoint.checkpoint`
+#    :torchdoc:`checkpoint.html` (torch.utils.checkpoint)
