@@ -4,8 +4,9 @@ The gate is a matmul of the hidden states (bf16 in a served model) with the rout
 its logits are written in the output dtype. A bf16 output keeps 8 significant bits, so two
 experts whose logits are closer than that swap or tie, and the token goes to another expert
 set. Ways to get float32 logits: ``torch.mm(x, w.t(), out_dtype=torch.float32)`` (a bf16
-matmul that writes float32; CUDA only on the torch versions checked), or a float32 gate
-(``F.linear(x.float(), w.float())``), which casts the activations as well.
+matmul that writes float32; torch 2.13 has no CPU kernel for it, see
+:func:`out_dtype_support`), or a float32 gate (``F.linear(x.float(), w.float())``), which
+casts the activations as well.
 """
 
 from __future__ import annotations
@@ -68,9 +69,7 @@ class Routing:
     max_logit_error: float
 
 
-def routing(
-    x: torch.Tensor, w: torch.Tensor, k: int, gate: str, *, ties_to: torch.Tensor | None = None
-) -> Routing:
+def routing(x: torch.Tensor, w: torch.Tensor, k: int, gate: str) -> Routing:
     """Route bf16 ``x`` (tokens, hidden) with bf16 ``w`` (experts, hidden) through ``gate``
     (a key of :data:`GATES`): top-``k`` experts and softmax weights over them, compared with
     the same route from float64 logits."""
@@ -90,7 +89,6 @@ def routing(
 
 
 def _changed(logits: torch.Tensor, exact: torch.Tensor, k: int) -> float:
-    # top-k of the rounded logits by value; ties are broken by index as torch.topk does
     got = torch.topk(logits.float(), k, dim=-1).indices.sort(-1).values
     want = torch.topk(exact, k, dim=-1).indices.sort(-1).values
     return (got != want).any(-1).float().mean().item()

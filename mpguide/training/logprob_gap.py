@@ -23,6 +23,8 @@ from mpguide import MPGuideError
 
 @dataclass(frozen=True)
 class TinyLMConfig:
+    """The shape of :class:`TinyLM`."""
+
     vocab: int = 4096
     width: int = 256
     heads: int = 4
