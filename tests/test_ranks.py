@@ -354,3 +354,36 @@ def test_ctrl_c_leaves_no_process_behind(ctrl_c_heard, tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("processes of the command outlived it")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_a_killed_command_takes_its_pool_with_it_quietly(tmp_path):
+    first = tracegen.write(tmp_path / "rank0.json", 40_000)
+    for r in range(1, 8):
+        os.link(first, tmp_path / f"rank{r}.json")
+    err = tmp_path / "err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mpguide", "casts", str(tmp_path), "--jobs", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:  # 2 workers, a tracker
+        time.sleep(0.05)
+    time.sleep(0.5)  # the workers are reading
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+    while time.monotonic() - killed < 30:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    gone = time.monotonic() - killed
+    assert gone < 5, f"the pool outlived the command by {gone:.1f} s"
+    assert err.read_text() == ""  # no BrokenPipeError, no leaked-semaphore warning

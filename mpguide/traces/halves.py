@@ -135,7 +135,7 @@ def _piece(source, start: int, stop, before: bytes, after: bytes, args_of) -> Tr
         return None
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """Have Linux kill this process when its parent dies; end now if it has already."""
     if sys.platform.startswith("linux"):
         import ctypes
@@ -152,7 +152,7 @@ def _work(argv: list[str]) -> None:
     pid of the process that started it, ``identity`` that of the file it opened, ``keep``
     the pickled ``args_of``. Exits ``_REPLACED`` if ``path`` is now another file."""
     path, start, before, parent, identity, keep = argv
-    _die_with(int(parent))
+    die_with(int(parent))
     args_of = pickle.loads(bytes.fromhex(keep))
     with open(path, "rb") as f:
         if ",".join(map(str, _identity(f))) != identity:

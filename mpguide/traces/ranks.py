@@ -28,6 +28,7 @@ import signal
 import socket
 import stat
 import statistics
+import sys
 import threading
 import zlib
 from collections import Counter
@@ -35,12 +36,14 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from functools import partial
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
 from mpguide import MPGuideError, error_line
 from mpguide.core.table import Table
 from mpguide.traces import casts as cast_report
+from mpguide.traces import halves
 from mpguide.traces import trace as trace_file
 
 PATTERNS = ("*.json", "*.json.gz")
@@ -488,17 +491,20 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _in_pool() -> None:
+def _in_pool(parent: int) -> None:
     """In a pool's process: Ctrl-C is left to the parent, which ends the pool. The end
-    (SIGTERM) kills the process at once; the trace reader's own worker dies with it
-    (:func:`mpguide.traces.trace.load`)."""
+    (SIGTERM) kills the process at once, and so does its parent's death, however it dies
+    (on Linux); the trace reader's own worker dies with it (:func:`mpguide.traces.trace.load`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    halves.die_with(parent)
 
 
 def _pool(jobs: int):
     """A pool of ``jobs`` fresh processes, started ignoring Ctrl-C (from the main thread,
     where signals can be set), so that one still importing when it comes stays quiet."""
-    start = partial(multiprocessing.get_context("spawn").Pool, jobs, initializer=_in_pool)
+    _quiet_tracker()
+    context = multiprocessing.get_context("spawn")
+    start = partial(context.Pool, jobs, initializer=_in_pool, initargs=(os.getpid(),))
     if threading.current_thread() is not threading.main_thread():
         return start()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -506,6 +512,24 @@ def _pool(jobs: int):
         return start()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_tracker() -> None:
+    """Start multiprocessing's resource tracker, if it is not running, with its stderr on
+    the null device: when this process is killed (SIGKILL) the tracker frees the pool's
+    semaphores and would warn of them on the terminal after the command has ended."""
+    if os.name != "posix":
+        return
+    with suppress(OSError, ValueError):
+        sys.stderr.flush()
+        null, saved = os.open(os.devnull, os.O_WRONLY), os.dup(2)
+        try:
+            os.dup2(null, 2)
+            resource_tracker.ensure_running()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(null)
 
 
 def _on_cores(work, paths: list[str], jobs: int, progress) -> tuple[list[Row], str]:
