@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 from mpguide import MPGuideError, __version__
 from mpguide.core import output, terminal
-from mpguide.core.readers_code import SPEC
+from mpguide.core.readers_code import NOT_THE_READERS, SPEC
 from mpguide.core.readers_code import factory as _factory
 from mpguide.core.readers_code import load_spec as _load_spec
 from mpguide.core.readers_code import reader_error as _reader_error
@@ -385,7 +385,9 @@ def _first_error(err: BaseException, fn, inputs, target, low) -> BaseException:
         try:
             with device.autocast(target, low):
                 fn(*inputs)
-        except (Exception, SystemExit) as own:  # noqa: BLE001 -- the reader's function
+        except BaseException as own:  # the reader's function
+            if isinstance(own, NOT_THE_READERS):
+                raise
             return own
     return err
 
@@ -411,9 +413,9 @@ def _graph(args: argparse.Namespace) -> str:
         try:
             with device.autocast(target, low):
                 captured = graphs.capture(fn, *inputs, backend=args.backend)
-        except MPGuideError:
-            raise
-        except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's function
+        except BaseException as err:  # the reader's function
+            if isinstance(err, NOT_THE_READERS):
+                raise
             err = _first_error(err, fn, inputs, target, low)
             raise MPGuideError(f"tracing {args.function} raised {_reader_error(err)}") from None
     which = list(captured.graphs()) if args.backward else ["forward"]

@@ -443,6 +443,51 @@ def reader_file(tmp_path):
     return str(path)
 
 
+_RAISES_BASE = """
+import torch
+
+class Mine(BaseException):
+    pass
+
+if {at_import}:
+    raise GeneratorExit("at import")
+
+class Raises(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        raise Mine("in forward")
+
+def make():
+    return Raises(), torch.randn(2, 4)
+
+def fn(x):
+    raise Mine("in fn")
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["model", "{f}:make"],
+        ["model", "{f}:make", "--target", "mxfp8"],
+        ["inference", "--model", "{f}:make", "--repeat", "1", "--warmup", "0"],
+        ["graph", "{f}:fn", "--inputs", "f32[4]"],
+    ],
+)
+@pytest.mark.parametrize("at_import", [False, True])
+def test_a_base_exception_of_the_readers_code_is_one_line(tmp_path, capsys, argv, at_import):
+    path = tmp_path / f"raises_base_{at_import}.py"  # a module name of its own per case
+    path.write_text(_RAISES_BASE.format(at_import=at_import))
+    assert main([a.format(f=path) for a in argv]) == 2
+    if at_import:
+        one_line(capsys, f"importing {path} raised GeneratorExit: at import")
+    else:
+        one_line(capsys, "raised Mine: in f")
+
+
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
