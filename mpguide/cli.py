@@ -681,9 +681,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--target",
         metavar="FORMAT",
-        help="report every linear layer quantized to a low-bit recipe or format instead "
-        "(tensorwise, rowwise, blockwise_1x128, mxfp8, mxfp4, nvfp4, float8_e4m3fn, ...): "
-        "values flushed to zero or past the max, error against float64, layers to keep",
+        help="report every linear layer (torch.nn.Linear, transformers' Conv1D) quantized to "
+        "a low-bit recipe or format instead (tensorwise, rowwise, blockwise_1x128, mxfp8, "
+        "mxfp4, nvfp4, float8_e4m3fn, ...): values flushed to zero or past the max, error "
+        "against float64, layers to keep; other layers with 2-D or larger weights "
+        "(convolutions, embeddings) are named as left out",
     )
     s.add_argument(
         "--backward",
