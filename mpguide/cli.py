@@ -135,7 +135,9 @@ def _load(args: argparse.Namespace, args_of=None):
     cap = _cap(args)
     if args.trace != "-":
         return trace.load(args.trace, args_of=args_of, max_bytes=cap)
-    if sys.stdin is None or sys.stdin.isatty():
+    if sys.stdin is None or sys.stdin.closed:
+        raise MPGuideError("no trace on stdin, which is closed: pipe one in or name a file")
+    if sys.stdin.isatty():
         raise MPGuideError("no trace on stdin, which is a terminal: pipe one in or name a file")
     return trace.load(sys.stdin.buffer, args_of=args_of, max_bytes=cap)
 
@@ -264,8 +266,13 @@ def _casts(args: argparse.Namespace) -> str:
     if _is_folder(args):
         from mpguide.traces import ranks
 
-        by = args.by if args.by in casts.SUMMARY_KEYS else "cause"
-        return _ranks_out(ranks.casts_of_ranks(args.trace, by=by, **_across(args)), args.format)
+        if args.by not in casts.SUMMARY_KEYS:
+            raise MPGuideError(
+                f"--by {args.by} shows one trace's casts: give a file, or a summary for a "
+                f"directory ({', '.join(casts.SUMMARY_KEYS)})"
+            )
+        found = ranks.casts_of_ranks(args.trace, by=args.by, **_across(args))
+        return _ranks_out(found, args.format)
     tree = _load(args, casts.needs_args).tree(python=True)
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)

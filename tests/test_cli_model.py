@@ -280,6 +280,16 @@ def test_a_report_past_the_memory_available_is_refused_before_it_runs(folder, ru
     assert run(folder, "factories.py:make", "--device", "cuda", "--simulate").returncode == 0
 
 
+@pytest.mark.parametrize("given", ["inf", "-1", "0", "nan", "lots"])
+def test_a_memory_override_that_is_no_size_names_the_variable(folder, run, monkeypatch, given):
+    monkeypatch.setenv("MPGUIDE_MEMORY_GB", given)
+    proc = run(folder, "factories.py:make", "--dtype", "bf16")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (
+        f"mpguide: error: MPGUIDE_MEMORY_GB must be a number of GB above 0, got {given!r}\n"
+    )
+
+
 def test_progress_goes_to_stderr_only_on_a_terminal_or_when_forced(folder, run, monkeypatch):
     quiet = run(folder, "factories.py:make")
     assert quiet.returncode == 0 and quiet.stderr == ""

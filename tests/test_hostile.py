@@ -557,6 +557,24 @@ def test_a_trace_on_stdin(monkeypatch, capsys, compress):
     assert "aten::mm" in capsys.readouterr().out
 
 
+def test_a_closed_stdin_is_called_closed(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", None)  # as Python sets it when file descriptor 0 is closed
+    assert main(["tree", "-"]) == 2
+    one_line(capsys, "no trace on stdin, which is closed")
+    closed = io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"[]")))
+    closed.close()
+    monkeypatch.setattr(sys, "stdin", closed)
+    assert main(["casts", "-"]) == 2
+    one_line(capsys, "no trace on stdin, which is closed")
+
+
+@pytest.mark.parametrize("by", ["cast", "fused"])
+def test_a_per_trace_view_of_a_directory_is_refused(tmp_path, capsys, by):
+    write_trace(tmp_path / "rank0.json", op("a", 1.0, 1.0))
+    assert main(["casts", str(tmp_path), "--by", by]) == 2
+    one_line(capsys, f"--by {by} shows one trace's casts: give a file")
+
+
 def test_a_utf8_byte_order_mark_is_read_and_utf16_is_named(tmp_path, capsys):
     doc = json.dumps({"traceEvents": [op("aten::mm", 1.0, 2.0)]})
     path = tmp_path / "t.json"

@@ -198,13 +198,18 @@ class Comparison:
 
 def _logits(out: Any) -> torch.Tensor:
     """The logits in what a model returned: a tensor, the first of a tuple, or the
-    ``logits`` of a mapping (a transformers model's output)."""
+    ``logits`` of a mapping or an object (a transformers model's output)."""
+    returned = type(out).__name__
     if isinstance(out, Mapping) and "logits" in out:
-        out = out["logits"]
+        out, returned = out["logits"], f"{returned} whose logits are {type(out['logits']).__name__}"
     elif isinstance(out, (tuple, list)):
-        out = out[0]
+        if not out:
+            raise MPGuideError(f"the model returned an empty {returned}, not logits")
+        out, returned = out[0], f"{returned} whose first item is {type(out[0]).__name__}"
+    elif not isinstance(out, torch.Tensor) and hasattr(out, "logits"):
+        out, returned = out.logits, f"{returned} whose .logits is {type(out.logits).__name__}"
     if not isinstance(out, torch.Tensor):
-        raise MPGuideError(f"the model returned {type(out).__name__}, not a tensor of logits")
+        raise MPGuideError(f"the model returned {returned}, not a tensor of logits")
     return out
 
 
