@@ -452,9 +452,11 @@ def _graph(args: argparse.Namespace) -> str:
             )
             parts.append("\n".join(terminal.wrap(f"# {header}", width, "#   ")) + f"\n{code}")
         flow = captured.flow(w)
-        parts.append(
-            _shown(flow, fmt) if flow.rows else f"no node changes the dtype: {flow.caption}"
-        )
+        if flow.rows:
+            parts.append(_shown(flow, fmt))
+        else:
+            said = f"no node of the {w} graph changes the dtype ({captured.label})"
+            parts.append("\n".join(terminal.wrap(said, terminal.width())))
     return "\n\n".join(parts)
 
 
