@@ -236,9 +236,16 @@ class Report:
             out.append("no module returned inf or NaN where the float64 reference is finite")
         jump = self.largest_jump
         if jump is not None:
+            came, floor = jump.input_error.max_rel, torch.finfo(self.low).eps / 2
+            counted = (
+                f" (counted as {dtypes.name(self.low)}'s unit roundoff {floor:.3g}, the floor "
+                "of a growth)"
+                if came < floor
+                else ""
+            )
             out.append(
                 f"largest growth in error: {jump.label} ({jump.kind}), {self.growth(jump):.3g} "
-                f"times: max |error| / mean |ref| {jump.input_error.max_rel:.3g} in, "
+                f"times: max |error| / mean |ref| {came:.3g} in{counted}, "
                 f"{jump.error.max_rel:.3g} out"
             )
         else:
