@@ -711,8 +711,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--columns",
         metavar="NAMES",
-        help="comma-separated columns, or all (default for text and markdown: module, type, "
-        "in, out, casts, bwd casts, out err, inf, nan, to zero; json and csv: all). The "
+        help="comma-separated columns, or all (default for text and markdown: module, in, "
+        "out, casts, bwd casts, out err, inf, nan, to zero, type; json and csv: all). The "
         "others: params, ops, autocast casts, bwd ops, bwd autocast casts, in err, and "
         "|ref| > max (reference values beyond the low-precision format's largest)",
     )

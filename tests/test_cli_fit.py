@@ -135,10 +135,20 @@ def test_commands_on_real_models_fit(args, models, mpguide_main):
 def test_model_shows_the_columns_that_matter_and_the_rest_on_request(models, mpguide_main):
     shown = mpguide_main("model", "models.py:make_qwen", cwd=models).stdout.splitlines()
     assert shown[2].split() == [
-        *("module", "type", "in", "out", "casts", "out", "err", "inf", "nan", "to", "zero"),
+        *("module", "in", "out", "casts", "out", "err", "inf", "nan", "to", "zero", "type"),
     ]
     nested = [line.split()[0] for line in shown[4:8]]
     assert nested == ["(root)", "model", "embed_tokens", "rotary_emb"]
+
+
+def test_model_at_80_columns_keeps_whole_module_names(models, mpguide_main, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    shown = mpguide_main("model", "models.py:make_qwen", cwd=models).stdout.splitlines()
+    assert shown[2].split()[:2] == ["module", "in"] and "type" not in shown[2].split()
+    names = [line.split()[0] for line in shown[4:] if line.startswith(" ")]
+    assert {"input_layernorm", "gate_proj", "down_proj"} <= set(names)
+    assert all(len(n) >= 16 for n in names if "..." in n)  # cut, never to a stub
+    assert "left out to fit 80 characters: type" in " ".join(" ".join(shown).split())
     every = mpguide_main("model", "models.py:make_qwen", "--columns", "all", cwd=models)
     assert "autocast casts" in every.stdout or "left out to fit" in every.stdout
     bad = mpguide_main("model", "models.py:make_qwen", "--columns", "speed", cwd=models)

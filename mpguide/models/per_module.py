@@ -54,8 +54,9 @@ from mpguide.models.recorder import Key, Say
 from mpguide.precision import numerics
 from mpguide.training.autograd import BACKWARD, FORWARD
 
-SHOWN = ("module", "type", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero")
-"""The columns a table shows by default: where each module's dtypes change and its error."""
+SHOWN = ("module", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero", "type")
+"""The columns a table shows by default, in this order: where each module's dtypes change and
+its error; the module's type last, the first a narrow terminal leaves out (the name tells)."""
 BEYOND = "|ref| > max"
 """The column of reference values beyond the low-precision format's largest finite value."""
 JUMP = 10.0
@@ -287,7 +288,7 @@ class Report:
         qualified name."""
         every = self.columns()
         if columns is None:
-            columns = [c for c in every if c in SHOWN]
+            columns = [c for c in SHOWN if c in every]
         elif columns == "all":
             columns = every
         else:
