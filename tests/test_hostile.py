@@ -443,51 +443,6 @@ def reader_file(tmp_path):
     return str(path)
 
 
-_RAISES_BASE = """
-import torch
-
-class Mine(BaseException):
-    pass
-
-if {at_import}:
-    raise GeneratorExit("at import")
-
-class Raises(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        raise Mine("in forward")
-
-def make():
-    return Raises(), torch.randn(2, 4)
-
-def fn(x):
-    raise Mine("in fn")
-"""
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["model", "{f}:make"],
-        ["model", "{f}:make", "--target", "mxfp8"],
-        ["inference", "--model", "{f}:make", "--repeat", "1", "--warmup", "0"],
-        ["graph", "{f}:fn", "--inputs", "f32[4]"],
-    ],
-)
-@pytest.mark.parametrize("at_import", [False, True])
-def test_a_base_exception_of_the_readers_code_is_one_line(tmp_path, capsys, argv, at_import):
-    path = tmp_path / f"raises_base_{at_import}.py"  # a module name of its own per case
-    path.write_text(_RAISES_BASE.format(at_import=at_import))
-    assert main([a.format(f=path) for a in argv]) == 2
-    if at_import:
-        one_line(capsys, f"importing {path} raised GeneratorExit: at import")
-    else:
-        one_line(capsys, "raised Mine: in f")
-
-
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
@@ -555,24 +510,6 @@ def test_a_trace_on_stdin(monkeypatch, capsys, compress):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(data))))
     assert main(["tree", "-"]) == 0
     assert "aten::mm" in capsys.readouterr().out
-
-
-def test_a_closed_stdin_is_called_closed(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", None)  # as Python sets it when file descriptor 0 is closed
-    assert main(["tree", "-"]) == 2
-    one_line(capsys, "no trace on stdin, which is closed")
-    closed = io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"[]")))
-    closed.close()
-    monkeypatch.setattr(sys, "stdin", closed)
-    assert main(["casts", "-"]) == 2
-    one_line(capsys, "no trace on stdin, which is closed")
-
-
-@pytest.mark.parametrize("by", ["cast", "fused"])
-def test_a_per_trace_view_of_a_directory_is_refused(tmp_path, capsys, by):
-    write_trace(tmp_path / "rank0.json", op("a", 1.0, 1.0))
-    assert main(["casts", str(tmp_path), "--by", by]) == 2
-    one_line(capsys, f"--by {by} shows one trace's casts: give a file")
 
 
 def test_a_utf8_byte_order_mark_is_read_and_utf16_is_named(tmp_path, capsys):
