@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 from mpguide import MPGuideError, __version__
 from mpguide.core import output, terminal
-from mpguide.core.readers_code import SPEC
+from mpguide.core.readers_code import NOT_THE_READERS, SPEC
 from mpguide.core.readers_code import factory as _factory
 from mpguide.core.readers_code import load_spec as _load_spec
 from mpguide.core.readers_code import reader_error as _reader_error
@@ -135,7 +135,9 @@ def _load(args: argparse.Namespace, args_of=None):
     cap = _cap(args)
     if args.trace != "-":
         return trace.load(args.trace, args_of=args_of, max_bytes=cap)
-    if sys.stdin is None or sys.stdin.isatty():
+    if sys.stdin is None or sys.stdin.closed:
+        raise MPGuideError("no trace on stdin, which is closed: pipe one in or name a file")
+    if sys.stdin.isatty():
         raise MPGuideError("no trace on stdin, which is a terminal: pipe one in or name a file")
     return trace.load(sys.stdin.buffer, args_of=args_of, max_bytes=cap)
 
@@ -266,8 +268,13 @@ def _casts(args: argparse.Namespace) -> str:
     if _is_folder(args):
         from mpguide.traces import ranks
 
-        by = args.by if args.by in casts.SUMMARY_KEYS else "cause"
-        return _ranks_out(ranks.casts_of_ranks(args.trace, by=by, **_across(args)), args.format)
+        if args.by not in casts.SUMMARY_KEYS:
+            raise MPGuideError(
+                f"--by {args.by} shows one trace's casts: give a file, or a summary for a "
+                f"directory ({', '.join(casts.SUMMARY_KEYS)})"
+            )
+        found = ranks.casts_of_ranks(args.trace, by=args.by, **_across(args))
+        return _ranks_out(found, args.format)
     tree = _load(args, casts.needs_args).tree(python=True)
     for loss in tree.anomalies.losses():
         print(f"mpguide: note: {loss}", file=sys.stderr)
@@ -395,7 +402,9 @@ def _first_error(err: BaseException, fn, inputs, target, low) -> BaseException:
         try:
             with device.autocast(target, low):
                 fn(*inputs)
-        except (Exception, SystemExit) as own:  # noqa: BLE001 -- the reader's function
+        except BaseException as own:  # the reader's function
+            if isinstance(own, NOT_THE_READERS):
+                raise
             return own
     return err
 
@@ -421,9 +430,9 @@ def _graph(args: argparse.Namespace) -> str:
         try:
             with device.autocast(target, low):
                 captured = graphs.capture(fn, *inputs, backend=args.backend)
-        except MPGuideError:
-            raise
-        except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's function
+        except BaseException as err:  # the reader's function
+            if isinstance(err, NOT_THE_READERS):
+                raise
             err = _first_error(err, fn, inputs, target, low)
             raise MPGuideError(f"tracing {args.function} raised {_reader_error(err)}") from None
     which = list(captured.graphs()) if args.backward else ["forward"]
@@ -453,9 +462,11 @@ def _graph(args: argparse.Namespace) -> str:
             )
             parts.append("\n".join(terminal.wrap(f"# {header}", width, "#   ")) + f"\n{code}")
         flow = captured.flow(w)
-        parts.append(
-            _shown(flow, fmt) if flow.rows else f"no node changes the dtype: {flow.caption}"
-        )
+        if flow.rows:
+            parts.append(_shown(flow, fmt))
+        else:
+            said = f"no node of the {w} graph changes the dtype ({captured.label})"
+            parts.append("\n".join(terminal.wrap(said, terminal.width())))
     return "\n\n".join(parts)
 
 
@@ -689,9 +700,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--target",
         metavar="FORMAT",
-        help="report every linear layer quantized to a low-bit recipe or format instead "
-        "(tensorwise, rowwise, blockwise_1x128, mxfp8, mxfp4, nvfp4, float8_e4m3fn, ...): "
-        "values flushed to zero or past the max, error against float64, layers to keep",
+        help="report every linear layer (torch.nn.Linear, transformers' Conv1D) quantized to "
+        "a low-bit recipe or format instead (tensorwise, rowwise, blockwise_1x128, mxfp8, "
+        "mxfp4, nvfp4, float8_e4m3fn, ...): values flushed to zero or past the max, error "
+        "against float64, layers to keep; other layers with 2-D or larger weights "
+        "(convolutions, embeddings) are named as left out",
     )
     s.add_argument(
         "--backward",
@@ -708,8 +721,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--columns",
         metavar="NAMES",
-        help="comma-separated columns, or all (default for text and markdown: module, type, "
-        "in, out, casts, bwd casts, out err, inf, nan, to zero; json and csv: all). The "
+        help="comma-separated columns, or all (default for text and markdown: module, in, "
+        "out, casts, bwd casts, out err, inf, nan, to zero, type; json and csv: all). The "
         "others: params, ops, autocast casts, bwd ops, bwd autocast casts, in err, and "
         "|ref| > max (reference values beyond the low-precision format's largest)",
     )

@@ -135,10 +135,20 @@ def test_commands_on_real_models_fit(args, models, mpguide_main):
 def test_model_shows_the_columns_that_matter_and_the_rest_on_request(models, mpguide_main):
     shown = mpguide_main("model", "models.py:make_qwen", cwd=models).stdout.splitlines()
     assert shown[2].split() == [
-        *("module", "type", "in", "out", "casts", "out", "err", "inf", "nan", "to", "zero"),
+        *("module", "in", "out", "casts", "out", "err", "inf", "nan", "to", "zero", "type"),
     ]
     nested = [line.split()[0] for line in shown[4:8]]
     assert nested == ["(root)", "model", "embed_tokens", "rotary_emb"]
+
+
+def test_model_at_80_columns_keeps_whole_module_names(models, mpguide_main, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    shown = mpguide_main("model", "models.py:make_qwen", cwd=models).stdout.splitlines()
+    assert shown[2].split()[:2] == ["module", "in"] and "type" not in shown[2].split()
+    names = [line.split()[0] for line in shown[4:] if line.startswith(" ")]
+    assert {"input_layernorm", "gate_proj", "down_proj"} <= set(names)
+    assert all(len(n) >= 16 for n in names if "..." in n)  # cut, never to a stub
+    assert "left out to fit 80 characters: type" in " ".join(" ".join(shown).split())
     every = mpguide_main("model", "models.py:make_qwen", "--columns", "all", cwd=models)
     assert "autocast casts" in every.stdout or "left out to fit" in every.stdout
     bad = mpguide_main("model", "models.py:make_qwen", "--columns", "speed", cwd=models)
@@ -169,7 +179,9 @@ def test_graph_shows_what_was_asked_and_names_each_change(models, mpguide_main):
         "graph", "models.py:logits", "--inputs", "i64[2,16]", "--backward", cwd=models
     )
     assert "# aot_eager, backward" in both.stdout
-    assert "embedding_dense_backward" not in both.stdout.split("dtype changes in the backward")[1]
+    backward = both.stdout.split("# aot_eager, backward")[1].rstrip().split("\n\n")[-1]
+    assert "embedding_dense_backward" not in backward
+    assert " ".join(backward.split()).startswith("no node of the backward graph changes the dtype")
     ge = json.loads(
         mpguide_main(
             "graph", "models.py:clipped", "--inputs", "f32[8]", "--format", "json", cwd=models
@@ -179,4 +191,5 @@ def test_graph_shows_what_was_asked_and_names_each_change(models, mpguide_main):
         ("aten.ge.Scalar", "comparison", "b8")
     ]
     same = mpguide_main("graph", "models.py:doubled", "--inputs", "f32[8]", cwd=models)
-    assert same.stdout.rstrip().splitlines()[-1].startswith("no node changes the dtype: ")
+    last = same.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("no node of the forward graph changes the dtype (aot_eager, cpu")

@@ -23,6 +23,17 @@ def raises(x):
 
 def exits(x):
     raise SystemExit(7)
+
+
+def masks(x, idx):
+    ones = x.new_ones(x.shape, dtype=torch.bool)
+    picked = ones[idx]
+    counts = torch.where(picked, idx, idx * 2)
+    return counts, x.masked_fill(picked, 0.0), x > 0
+
+
+def doubled(x):
+    return x * 2
 """
 ISSUE = ("--inputs", "bf16[32,7,1,8]", "bf16[32,7,8,1]", "bf16[32,7,1,1]")
 
@@ -134,3 +145,45 @@ def test_backward_on_a_device_this_build_cannot_differentiate_is_refused(functio
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "no backward graph" in proc.stderr
     assert "cannot run autograd on a simulated cuda" in proc.stderr
+
+
+def _line(code: str) -> str:
+    """``functions.py:N``, N the line of FUNCTIONS that holds ``code``."""
+    (n,) = [i for i, text in enumerate(FUNCTIONS.splitlines(), 1) if code in text]
+    return f"functions.py:{n}"
+
+
+def test_masks_indices_and_new_tensors_are_named_for_what_they_are(functions, mpguide_main):
+    doc = _json(mpguide_main, f"{functions}:masks", "--inputs", "f32[8]", "i64[8]")
+    flow = doc["graphs"]["forward"]["flow"]
+    # index picks bools with integer indices; where and masked_fill choose with a mask
+    assert [(r["op"], r["change"], r["in"], r["out"]) for r in flow] == [
+        ("aten.new_ones", "new tensor", "f32", "b8"),
+        ("aten.gt.Scalar", "comparison", "f32", "b8"),
+    ]
+    assert [r["line"] for r in flow] == [_line("x.new_ones"), _line("x > 0")]
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_the_user_line_survives_a_narrow_terminal(functions, mpguide_main, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    proc = mpguide_main("graph", f"{functions}:masks", "--inputs", "f32[8]", "i64[8]")
+    assert proc.returncode == 0, proc.stderr
+    after = proc.stdout.split("dtype changes in the forward graph")[1]
+    if columns < 80:  # too narrow for it: the column is left out, and a note says so
+        assert "columns left out to fit 60 characters: line, user code" in after
+    else:  # the code is cut, never the file:line
+        assert sum(_line("x.new_ones") in r for r in after.splitlines()) == 1
+    assert max(map(len, proc.stdout.splitlines())) <= columns
+
+
+def test_a_graph_without_dtype_changes_says_so_in_one_wrapped_line(
+    functions, mpguide_main, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "60")
+    proc = mpguide_main("graph", f"{functions}:doubled", "--inputs", "f32[8]", "--device", "cuda")
+    said = proc.stdout.split("\n\n")[-1].rstrip()
+    assert " ".join(said.split()) == (
+        "no node of the forward graph changes the dtype (aot_eager, cuda (simulated))"
+    )
+    assert max(map(len, said.splitlines())) <= 60

@@ -64,7 +64,7 @@ def test_json_has_a_row_per_variant(capsys, factory):
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["variant"] for r in rows] == ["fp32", "bf16 weights", "autocast bf16"]
-    assert rows[0]["max error"] == 0 and rows[0]["logits"] == "float32"
+    assert rows[0]["max |err|"] == 0 and rows[0]["logits"] == "float32"
     assert rows[1]["params KiB"] * 2 == rows[0]["params KiB"] == rows[2]["params KiB"]
 
 
@@ -127,7 +127,7 @@ def test_as_a_process(tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].startswith("variant,logits,max error")
+    assert proc.stdout.splitlines()[0].startswith("variant,same class %,max |err|,mean |err|")
     assert "fp16 weights" in proc.stdout
     assert "profiler_start" not in proc.stderr  # the profiler's own lines stay off stderr
 
@@ -149,3 +149,14 @@ def test_progress_names_each_variant_when_forced(capsys, factory, monkeypatch):
         "timing: call 1 of 2 (fp32)",
         "timing: call 2 of 2 (bf16 weights)",
     ]
+
+
+def test_at_80_columns_the_latency_is_kept_and_the_error_named(capsys, factory, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    argv = ["inference", "--model", f"{factory}:make", "--variants", "fp32,bf16", "--repeat", "2"]
+    assert main([*argv, "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[1].split("  ")
+    assert {"same class %", "max |err|", "median ms", "IQR ms"} <= {h.strip() for h in header}
+    assert max(map(len, out.splitlines())) <= 80
+    assert "|err|: |logit - fp32 model's logit|, absolute" in " ".join(out.split())

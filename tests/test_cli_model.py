@@ -3,6 +3,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from mpguide.cli import main
 from mpguide.core import device
@@ -280,6 +281,16 @@ def test_a_report_past_the_memory_available_is_refused_before_it_runs(folder, ru
     assert run(folder, "factories.py:make", "--device", "cuda", "--simulate").returncode == 0
 
 
+@pytest.mark.parametrize("given", ["inf", "-1", "0", "nan", "lots"])
+def test_a_memory_override_that_is_no_size_names_the_variable(folder, run, monkeypatch, given):
+    monkeypatch.setenv("MPGUIDE_MEMORY_GB", given)
+    proc = run(folder, "factories.py:make", "--dtype", "bf16")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (
+        f"mpguide: error: MPGUIDE_MEMORY_GB must be a number of GB above 0, got {given!r}\n"
+    )
+
+
 def test_progress_goes_to_stderr_only_on_a_terminal_or_when_forced(folder, run, monkeypatch):
     quiet = run(folder, "factories.py:make")
     assert quiet.returncode == 0 and quiet.stderr == ""
@@ -289,3 +300,21 @@ def test_progress_goes_to_stderr_only_on_a_terminal_or_when_forced(folder, run, 
     # The first module call to finish is the first Linear; later lines are at most 4 a second.
     first = "mpguide: run under autocast to bfloat16: module call 1 done (0)"
     assert shown.stderr.splitlines()[0] == first
+
+
+def test_a_growth_from_an_input_error_of_zero_shows_its_floor():
+    # bf16 rounds the weight -1.001 to -1: on equal inputs (exact in bf16, so no input error)
+    # the output -0.001 x becomes 0, an error as large as the output.
+    lin = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, -1.001]]))
+    x = torch.randn(8, 1, generator=torch.Generator().manual_seed(0))
+    report = per_module.report(lin, x.bfloat16().float().repeat(1, 2), dtype=torch.bfloat16)
+    (root,) = report.calls
+    floor = torch.finfo(torch.bfloat16).eps / 2
+    assert root.input_error.max_rel == 0 and report.growth(root) == root.error.max_rel / floor
+    assert report.findings()[1] == (
+        f"largest growth in error: (root) (Linear), {report.growth(root):.3g} times: max |error| "
+        f"/ mean |ref| 0 in (counted as bfloat16's unit roundoff {floor:.3g}, the floor of a "
+        f"growth), {root.error.max_rel:.3g} out"
+    )

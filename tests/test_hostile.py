@@ -21,7 +21,7 @@ import pytest
 from helpers import ROOT
 
 from mpguide.cli import main
-from mpguide.traces import calltree, trace, tracegen
+from mpguide.traces import calltree, halves, trace, tracegen
 
 MiB = 1 << 20
 TINY = b'{"ph":"X","name":"a","ts":1,"dur":1},'
@@ -343,6 +343,32 @@ def test_a_killed_command_leaves_no_worker_and_no_file(held):
     proc.wait(timeout=30)
     assert wait_until(lambda: not alive(worker))
     assert list(tmp.iterdir()) == []
+
+
+@pytest.mark.slow  # a worker process
+@pytest.mark.parametrize("change", ["rename", "append"])
+def test_a_trace_changed_while_it_is_read_is_refused_not_mixed(
+    tmp_path, monkeypatch, capsys, change
+):
+    # The file is replaced (as an export writing a new file and renaming it does) or written
+    # to after this process opened it and before its worker starts: both parts would have
+    # come from different files.
+    path = tracegen.write(tmp_path / "t.json", 200)
+    other = tracegen.write(tmp_path / "other.json", 20)
+    popen = halves.subprocess.Popen
+
+    def changed_first(*args, **kwargs):
+        if change == "rename":
+            os.replace(other, path)
+        else:
+            with path.open("ab") as f:
+                f.write(b" ")
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(halves.subprocess, "Popen", changed_first)
+    assert main(["casts", str(path)]) == 2
+    one_line(capsys, str(path), "replaced or written to while it was read")
 
 
 # Terminal safety

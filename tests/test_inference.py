@@ -1,3 +1,6 @@
+import dataclasses
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -166,6 +169,46 @@ def test_bad_calls_raise_one_line_errors(model, inputs):
         )
     with pytest.raises(MPGuideError, match="returned dict, not a tensor of logits"):
         inference.compare(ReturnsDict(), inputs, dev="cpu", repeat=1)
+    for out, said in [
+        (Output(logits={"a": 1}), "Output whose .logits is dict, not a tensor of logits"),
+        ({"logits": [1.0]}, "dict whose logits are list, not a tensor of logits"),
+        ((), "an empty tuple, not logits"),
+    ]:
+        with pytest.raises(MPGuideError, match=f"^the model returned {re.escape(said)}$"):
+            inference.compare(Returns(out), inputs, dev="cpu", repeat=1)
+
+
+def test_an_output_object_with_logits_is_read(model, inputs):
+    wrapped = inference.compare(Wraps(model), inputs, [inference.Variant("fp32")], dev="cpu")
+    plain = inference.compare(model, inputs, [inference.Variant("fp32")], dev="cpu")
+    assert wrapped.results[0].agreement == plain.results[0].agreement == 1.0
+    assert wrapped.results[0].max_error == plain.results[0].max_error == 0
+
+
+@dataclasses.dataclass
+class Output:
+    """An output that is not a mapping, with ``.logits``."""
+
+    logits: object
+
+
+class Returns(nn.Module):
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+        self.lin = nn.Linear(1, 1)
+
+    def forward(self, x):
+        return self.out
+
+
+class Wraps(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return Output(self.model(x))
 
 
 class ReturnsDict(nn.Module):

@@ -20,6 +20,42 @@ def make():
     return model, torch.randn(4, 64)
 
 
+def convs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3), nn.Flatten(2), nn.Linear(64, 64), nn.Embedding(4, 4))
+    return model[:3], torch.randn(2, 3, 10, 10)
+
+
+class Keywords(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.lin(input=x)
+
+
+def keywords():
+    return Keywords(), torch.randn(2, 32)
+
+
+def frozen():
+    model = nn.Linear(32, 4).requires_grad_(False)
+    return model, torch.randn(2, 32)
+
+
+def gpt2():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=64, n_layer=1, n_head=4, bos_token_id=None,
+        eos_token_id=None,
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    return model, {"input_ids": torch.randint(0, 64, (2, 16)), "use_cache": False}
+
+
 def hf():
     import transformers
 
@@ -101,6 +137,7 @@ def test_cli_csv_puts_the_notes_on_stderr(folder, run):
         (("--target", "fp5"), "unknown target 'fp5'"),
         (("--target", "mxfp8", "--dtype", "bf16"), "no --dtype"),
         (("--target", "blockwise_128x128"), "0: block size 128 does not divide"),
+        (("--target", "mxfp8", "--columns", "module"), "--target has its own"),
     ],
 )
 def test_cli_bad_input_is_one_line(folder, run, args, message):
@@ -121,3 +158,57 @@ def test_cli_on_a_transformers_model_built_from_its_config(folder, run, monkeypa
     assert any(line.startswith("model.layers.0.mlp.down_proj") for line in lines)
     assert any(line.startswith("lm_head") for line in lines)
     assert "keep in higher precision first: " in proc.stdout
+
+
+def test_a_layer_called_with_keywords_is_measured(folder, run):
+    proc = run(folder, "factories.py:keywords", "--target", "mxfp8", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["module"] for r in json.loads(proc.stdout)["rows"]] == ["lin"]
+
+
+def test_backward_on_an_output_without_grad_says_so(folder, run):
+    proc = run(folder, "factories.py:frozen", "--target", "mxfp8", "--backward")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (
+        "mpguide: error: --backward: no output of the model requires grad (are its parameters "
+        "frozen, or its outputs detached?)\n"
+    )
+
+
+def test_convolutions_are_named_as_left_out(folder, run):
+    proc = run(folder, "factories.py:convs", "--target", "mxfp8", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(proc.stdout)
+    assert [r["module"] for r in table["rows"]] == ["2"]
+    assert table["notes"][-1].startswith("left out: 1 Conv2d (quantized: torch.nn.Linear and ")
+    with pytest.raises(MPGuideError, match=r"ran no linear layer .*; left out: 1 Conv2d$"):
+        lowbit_report.capture(nn.Conv2d(3, 4, 3), torch.randn(1, 3, 4, 4))
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_the_text_report_fits_columns(folder, run, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    proc = run(folder, "factories.py:make", "--target", "nvfp4")
+    assert proc.returncode == 0, proc.stderr
+    assert max(map(len, proc.stdout.splitlines())) <= columns
+    assert "keep in higher precision first: 2, 0" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.slow  # builds a transformers model
+def test_gpt2_conv1d_layers_are_measured_as_linear_layers(folder, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.syspath_prepend(str(folder))
+    import factories
+
+    model, inputs = factories.gpt2()
+    captured = lowbit_report.capture(model, inputs)
+    modules = dict(model.named_modules())
+    conv1d = [n for n, m in modules.items() if type(m).__name__ == "Conv1D"]
+    assert len(conv1d) == 4
+    assert [c.name for c in captured] == [*conv1d, "lm_head"]
+    for c in captured[:4]:  # the (in, out) weight turned into a Linear's (out, in)
+        out = torch.nn.functional.linear(c.input, c.weight, c.bias)
+        torch.testing.assert_close(out, modules[c.name](c.input))
+    report = lowbit_report.report(model, inputs, "mxfp8")
+    assert report.left_out == (("Embedding", 2),)

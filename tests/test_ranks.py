@@ -3,6 +3,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,55 @@ def test_rank_from_the_trace_then_the_name_then_unknown(tmp_path):
     most = {r[0]: r[2] for r in found.summary().rows}
     assert most["cast gpu us"] == "trace.json"  # the only one with GPU events
     assert most["casts"] == "rank 7"  # twice the ops of the others
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_distributed_info_as_the_first_key_is_read(tmp_path, gz):
+    events = [tracegen._json(e) for e in tracegen.generate(20, seed=1)]
+    doc = json.dumps({"distributedInfo": {"rank": 5}, "traceEvents": events}).encode()
+    path = tmp_path / ("rank3.json.gz" if gz else "rank3.json")
+    path.write_bytes(gzip.compress(doc) if gz else doc)
+    assert ranks.rank_of(path) == (5, "distributedInfo")
+
+
+def test_a_distributed_info_without_a_valid_rank_is_named(tmp_path):
+    events = [tracegen._json(e) for e in tracegen.generate(20, seed=1)]
+    for name, info in [
+        ("rank1.json", {"rank": -1}),
+        ("a.json", {"rank": 1e30}),
+        ("b.json", {"rank": "3"}),
+        ("c.json", {"backend": "nccl"}),
+    ]:
+        (tmp_path / name).write_text(json.dumps({"distributedInfo": info, "traceEvents": events}))
+    tracegen.write(tmp_path / "d.json", 20)
+    found = ranks.trees_of_ranks(tmp_path, jobs=1)
+    assert [(r.rank, r.origin, Path(r.file).name) for r in found.rows] == [
+        (1, "file name; distributedInfo rank -1, not a rank", "rank1.json"),
+        (None, "unknown; distributedInfo rank 1e+30, not a rank", "a.json"),
+        (None, 'unknown; distributedInfo rank "3", not a rank', "b.json"),
+        (None, "unknown; distributedInfo rank missing", "c.json"),
+        (None, "unknown", "d.json"),
+    ]
+    unknown, bad = found.table().notes
+    assert unknown == "1 trace(s) of unknown rank: no distributedInfo, no rank in the name"
+    assert bad.startswith("4 trace(s) whose distributedInfo has no valid rank: rank1.json (")
+
+
+def test_an_unreadable_directory_is_named(tmp_path, monkeypatch):
+    tracegen.write(tmp_path / "rank0.json", 20)
+    if os.geteuid() == 0:  # root reads a folder whatever its mode: have the listing fail
+
+        def denied(path):
+            raise PermissionError(13, "Permission denied", str(path))
+
+        monkeypatch.setattr(ranks.os, "listdir", denied)
+    else:
+        tmp_path.chmod(0)
+    try:
+        with pytest.raises(MPGuideError, match="cannot list it \\(Permission denied\\)"):
+            ranks.trees_of_ranks(tmp_path, jobs=1)
+    finally:
+        tmp_path.chmod(0o700)
 
 
 def test_traces_of_one_rank_are_rows_of_their_own(tmp_path):
@@ -217,6 +267,40 @@ def test_a_local_cluster_of_two_workers_gives_what_the_pool_gives(cluster, capsy
     assert err.startswith("mpguide: error: ") and "rank1.json: not a chrome trace" in err
 
 
+@pytest.fixture
+def quick_connect(monkeypatch):
+    monkeypatch.setattr(ranks, "_CONNECT_S", 1)
+
+
+@pytest.mark.slow
+def test_a_port_where_something_else_listens_is_one_line_in_time(capsys, quick_connect):
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed")
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, never answers
+        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        start = time.monotonic()
+        assert main(["tree", str(RANKS), "--scheduler", address]) == 2
+        assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert err == (
+        f"mpguide: error: no Dask scheduler at {address}: something listens there but gave no "
+        "Dask answer within 1 s\n"
+    )
+
+
+@pytest.mark.slow
+def test_a_scheduler_without_workers_is_one_line_in_time(capsys, quick_connect):
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed")
+    with distributed.LocalCluster(n_workers=0, dashboard_address=":0") as empty:
+        address = empty.scheduler_address
+        start = time.monotonic()
+        assert main(["casts", str(RANKS), "--scheduler", address]) == 2
+        assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert err == (
+        f"mpguide: error: the Dask scheduler at {address} has no workers (none came within 1 s)\n"
+    )
+
+
 @pytest.mark.slow
 def test_a_relative_directory_reaches_the_workers(cluster, monkeypatch):
     """The workers have their own working directory: the paths sent are absolute, and the
@@ -270,3 +354,36 @@ def test_ctrl_c_leaves_no_process_behind(ctrl_c_heard, tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("processes of the command outlived it")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_a_killed_command_takes_its_pool_with_it_quietly(tmp_path):
+    first = tracegen.write(tmp_path / "rank0.json", 40_000)
+    for r in range(1, 8):
+        os.link(first, tmp_path / f"rank{r}.json")
+    err = tmp_path / "err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mpguide", "casts", str(tmp_path), "--jobs", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:  # 2 workers, a tracker
+        time.sleep(0.05)
+    time.sleep(0.5)  # the workers are reading
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+    while time.monotonic() - killed < 30:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    gone = time.monotonic() - killed
+    assert gone < 5, f"the pool outlived the command by {gone:.1f} s"
+    assert err.read_text() == ""  # no BrokenPipeError, no leaked-semaphore warning

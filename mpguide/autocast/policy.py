@@ -221,7 +221,7 @@ def probe(
         # The same on every run of this build on this machine: kept (GPUs are probed afresh).
         samples = importlib.util.find_spec("expecttest") is not None  # see catalogue.has_samples
         key = (target.device.type, target.simulated, str(dtype), seed, samples)
-        return stored.kept("policy", key, lambda: _probe(target, dtype, None, seed))
+        return stored.kept("policy", key, lambda: _probe(target, dtype, None, seed), Policy)
     return _probe(target, dtype, ops, seed)
 
 

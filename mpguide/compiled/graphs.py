@@ -84,11 +84,18 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 def source_line(node: torch.fx.Node) -> str:
     """``file.py:18 in f: code`` for the innermost user frame that produced ``node``."""
+    where, code = _source(node)
+    return f"{where} {code}" if where else ""
+
+
+def _source(node: torch.fx.Node) -> tuple[str, str]:
+    """``("file.py:18", "in f: code")`` for the innermost user frame that produced ``node``
+    (empty where the graph does not say): a table cuts the code, never the line."""
     frames = _FRAME.findall(node.meta.get("stack_trace") or "")
     if not frames:
-        return ""
+        return "", ""
     path, line, func, code = frames[-1]
-    return f"{path.rsplit('/', 1)[-1]}:{line} in {func}: {code.strip()}"
+    return f"{path.rsplit('/', 1)[-1]}:{line}", f"in {func}: {code.strip()}"
 
 
 def render(gm: torch.fx.GraphModule, name: str = "forward", compact: bool = False) -> str:
@@ -145,12 +152,13 @@ def _input_dtypes(node: torch.fx.Node) -> list[torch.dtype]:
 
 
 def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
-    """The nodes where the dtype changes, in graph order, each with the user line that
-    produced it: conversions (``convert_element_type``, ``_to_copy``, a ``copy`` into another
-    dtype), promotions (a floating output wider than a floating input), comparisons (a bool
-    output), and floating values made from integers or integers from floating values.
-    Integer indices or masks beside values of the output's dtype (``embedding``, ``index``,
-    ``where``) are no change."""
+    """The nodes where the dtype changes, in graph order, each with the user line (file:line)
+    and code that produced it: conversions (``convert_element_type``, ``_to_copy``, a
+    ``copy`` into another dtype), new tensors made in another dtype from an input's shape
+    (``new_ones``), promotions (a floating output wider than a floating input), comparisons
+    (a predicate's bool output; another op's is "to bool"), and floating values made from
+    integers or integers from floating values. Integer indices and bool masks beside the
+    values they pick (``embedding``, ``index``, ``where``) are no change."""
     rows = []
     for node in gm.graph.nodes:
         out = _dtype(node)
@@ -166,21 +174,58 @@ def dtype_flow(gm: torch.fx.GraphModule, caption: str = "") -> Table:
                     kind,
                     " + ".join(dtypes.short(d) for d in ins),
                     dtypes.short(out),
-                    source_line(node),
+                    *_source(node),
                 )
             )
-    return Table(("node", "op", "change", "in", "out", "user code"), tuple(rows), caption)
+    return Table(FLOW_COLUMNS, tuple(rows), caption)
+
+
+FLOW_COLUMNS = ("node", "op", "change", "in", "out", "line", "user code")
+_CREATED = frozenset(
+    {"new_ones", "new_zeros", "new_full", "new_empty", "new_empty_strided", "full_like",
+     "zeros_like", "ones_like", "empty_like", "rand_like", "randn_like", "randint_like"}
+)  # fmt: skip
+"""Ops that make a tensor of the dtype they are given, taking only a shape from their input."""
+_COMPARISONS = frozenset(
+    {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "isneginf", "isposinf",
+     "isclose", "signbit", "logical_and", "logical_or", "logical_xor", "logical_not", "any",
+     "all", "equal"}
+)  # fmt: skip
+"""Ops whose bool output answers a question about their inputs."""
+_INDEXED = frozenset(
+    {"index", "_unsafe_index", "index_put", "_unsafe_index_put", "index_select", "gather",
+     "scatter", "scatter_add", "scatter_reduce", "embedding", "take", "index_add", "index_copy",
+     "index_fill"}
+)  # fmt: skip
+"""Ops whose integer inputs are indices: they pick values, and change no value's dtype."""
+_MASKED = frozenset({"where", "masked_fill", "masked_scatter", "masked_select"})
+"""Ops whose bool inputs are masks: they choose between values."""
+
+
+def _base(op: str) -> str:
+    """``aten.new_ones.default`` -> ``new_ones``."""
+    parts = op.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] in ("aten", "prims") else parts[0]
 
 
 def _change(op: str, ins: list[torch.dtype], out: torch.dtype) -> str | None:
-    """How a node changes the dtype, or None where it does not: integer indices or masks
-    beside values of the output's dtype (``embedding``, ``index``) change nothing."""
+    """How a node changes the dtype, or None where it does not: integer indices (``index``,
+    ``embedding``) and bool masks (``where``, ``masked_fill``) beside the values they pick
+    change nothing; a tensor made in a given dtype from another's shape (``new_ones``) is a
+    new tensor; only a predicate (``eq``, ``isnan``, ...) is a comparison."""
+    base = _base(op)
+    if base in _INDEXED:
+        ins = [dt for dt in ins if dt.is_floating_point or dt.is_complex or dt == out] or ins
+    if base in _MASKED and out != torch.bool:
+        ins = [dt for dt in ins if dt != torch.bool] or ins
     if all(dt == out for dt in ins):
         return None
     if op in dtypes.CONVERSIONS:
         return "conversion"
+    if base in _CREATED:
+        return "new tensor"
     if out == torch.bool:
-        return "comparison"
+        return "comparison" if base in _COMPARISONS else "to bool"
     floats = [dt for dt in ins if dt.is_floating_point]
     if out.is_floating_point:
         if not floats:
@@ -192,13 +237,14 @@ def _change(op: str, ins: list[torch.dtype], out: torch.dtype) -> str | None:
 _LIBRARY_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parents[1]))
 
 
-def _user_frame() -> str:
-    """The innermost frame of the running Python stack outside torch and mpguide."""
+def _user_frame() -> tuple[str, str]:
+    """``("file.py:18", "in f: code")`` for the innermost frame of the running Python stack
+    outside torch and mpguide."""
     for frame in reversed(traceback.extract_stack()):
         if not frame.filename.startswith(_LIBRARY_DIRS):
             code = (frame.line or "").strip()
-            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}: {code}"
-    return ""
+            return f"{Path(frame.filename).name}:{frame.lineno}", f"in {frame.name}: {code}"
+    return "", ""
 
 
 class _FlowLog(dtypes.Log):
@@ -226,7 +272,7 @@ class _FlowLog(dtypes.Log):
                     kind,
                     " + ".join(dtypes.short(d) for d in ins),
                     dtypes.short(outs[0].dtype),
-                    _user_frame() if self.phase == "forward" else "",
+                    *(_user_frame() if self.phase == "forward" else ("", "")),
                 )
             )
 
@@ -241,7 +287,7 @@ def eager_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Table:
         recorder.phase = "backward"
         backward_once(out)
     return Table(
-        ("phase", "op", "change", "in", "out", "user code"),
+        ("phase", *FLOW_COLUMNS[1:]),
         tuple(recorder.rows),
         "dtype changes in eager",
     )

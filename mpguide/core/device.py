@@ -173,7 +173,10 @@ def simulated_types() -> tuple[str, ...]:
     kernels whose tensors carry the autocast dispatch key (cpu first, then cuda); kept in
     ``$MPGUIDE_CACHE`` when that names a folder (finding them imports torch._dynamo)."""
     return stored.kept(
-        "simulated_types", (), lambda: tuple(t for t in autocast_kernels() if _carries_autocast(t))
+        "simulated_types",
+        (),
+        lambda: tuple(t for t in autocast_kernels() if _carries_autocast(t)),
+        tuple,
     )
 
 

@@ -9,9 +9,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mpguide import MPGuideError, error_line
+from mpguide.core import output
 
 SPEC = "FILE.py:NAME or package.module:NAME"
 """How every command names the reader's code; importing it runs its top-level code."""
+NOT_THE_READERS = (MPGuideError, KeyboardInterrupt, output.Ended)
+"""What passes through the reader's code untold: mpguide's own errors, Ctrl-C and the
+signals that end the command. Any other ``BaseException`` (``SystemExit``, ``GeneratorExit``,
+a class of the reader's own) is the reader's code failing."""
 
 
 def reader_error(err: BaseException) -> str:
@@ -23,16 +28,17 @@ def reader_error(err: BaseException) -> str:
 
 @contextmanager
 def readers_code(doing: str) -> Iterator[None]:
-    """An error or ``SystemExit`` raised by the reader's code inside: one line saying what was
-    being done. torchao's import-time lines (transformers imports it) are dropped."""
+    """An exception raised by the reader's code inside, ``SystemExit`` and any other
+    ``BaseException`` but :data:`NOT_THE_READERS`: one line saying what was being done.
+    torchao's import-time lines (transformers imports it) are dropped."""
     from mpguide.core import quiet
 
     try:
         with quiet.library_imports():
             yield
-    except MPGuideError:
-        raise
-    except (Exception, SystemExit) as err:  # noqa: BLE001 -- the reader's code: named in one line
+    except BaseException as err:  # the reader's code: named in one line
+        if isinstance(err, NOT_THE_READERS):
+            raise
         raise MPGuideError(f"{doing} raised {reader_error(err)}") from None
 
 

@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import platform
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -33,6 +34,7 @@ except ImportError:  # Windows: no locks, a result may be computed twice at once
 ENV = "MPGUIDE_CACHE"
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO would wait for its other end
 
 
 @functools.cache
@@ -51,10 +53,12 @@ def _folder() -> Path | None:
     return Path(named) if named else None
 
 
-def kept(kind: str, key: tuple, compute: Callable[[], T]) -> T:
-    """``compute()``, or the result a process kept for the same ``kind`` and ``key`` (plus
-    the torch build, Python and mpguide source) in ``$MPGUIDE_CACHE``. Without that folder,
-    or where it cannot be written, ``compute()`` each time."""
+def kept(kind: str, key: tuple, compute: Callable[[], T], of: type) -> T:
+    """``compute()``, or the result of type ``of`` a process kept for the same ``kind`` and
+    ``key`` (plus the torch build, Python and mpguide source) in ``$MPGUIDE_CACHE``. Without
+    that folder, where it cannot be written, or where what is kept cannot be read back as an
+    ``of`` (a damaged file, a FIFO, a folder in its place): ``compute()``, and nothing half
+    written is left."""
     folder = _folder()
     if folder is None:
         return compute()
@@ -64,7 +68,7 @@ def kept(kind: str, key: tuple, compute: Callable[[], T]) -> T:
     name = f"{kind}-{hashlib.sha256(repr(whole).encode()).hexdigest()[:24]}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = (folder / f"{name}.lock").open("w")
+        lock = _open_regular(folder / f"{name}.lock", os.O_WRONLY | os.O_CREAT, "wb")
     except OSError as err:
         log.info("%s: not kept: %s", folder, err)
         return compute()
@@ -73,14 +77,43 @@ def kept(kind: str, key: tuple, compute: Callable[[], T]) -> T:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         path = folder / f"{name}.pickle"
         try:
-            with path.open("rb") as f:
-                return pickle.load(f)
+            with _open_regular(path, os.O_RDONLY, "rb") as f:
+                value = pickle.load(f)
+            if isinstance(value, of):
+                return value
+            log.info("%s: computed again: a %s, not a %s", path, type(value).__name__, of.__name__)
         except FileNotFoundError:
             pass
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever a damaged pickle raises: compute
             log.info("%s: computed again: %s", path, err)
         value = compute()
-        with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as out:
-            pickle.dump(value, out)
-        os.replace(out.name, path)
+        _keep(value, folder, path)
         return value
+
+
+def _open_regular(path: Path, flags: int, mode: str):
+    """``path`` opened without waiting (a FIFO would block); OSError unless a regular file."""
+    fd = os.open(path, flags | _NONBLOCK, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _keep(value: object, folder: Path, path: Path) -> None:
+    """Write ``value`` to ``path`` through a ``.part`` file, or log why not and remove it."""
+    part = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as out:
+            part = out.name
+            pickle.dump(value, out)
+        os.replace(part, path)
+    except (OSError, pickle.PicklingError, TypeError, AttributeError) as err:
+        log.info("%s: not kept: %s", path, err)
+        if part is not None:
+            Path(part).unlink(missing_ok=True)

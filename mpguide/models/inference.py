@@ -3,8 +3,9 @@
 A :class:`Variant` says how the model is served: the dtype its weights are cast to, the
 autocast dtype (if any) and whether it is compiled. :func:`compare` runs the same inputs
 through every variant under :func:`torch.inference_mode` and measures, against the float32
-model: the error of the logits, the share of predicted classes that agree, parameter memory,
-the peak memory of a forward pass and the latency (see :mod:`mpguide.core.timing`).
+model: the absolute error of the logits, the share of predicted classes that agree,
+parameter memory, the peak memory of a forward pass and the latency (see
+:mod:`mpguide.core.timing`).
 """
 
 from __future__ import annotations
@@ -99,15 +100,20 @@ def parameter_bytes(model: nn.Module) -> int:
 
 COLUMNS = (
     "variant",
-    "logits",
-    "max error",
-    "mean error",
     "same class %",
-    "params KiB",
-    "peak KiB",
+    "max |err|",
+    "mean |err|",
     "median ms",
     "IQR ms",
     "items/s",
+    "params KiB",
+    "peak KiB",
+    "logits",
+)
+"""In the order a narrow terminal keeps them: agreement, error and latency before memory."""
+ERROR_NOTE = (
+    "|err|: |logit - fp32 model's logit|, absolute, in the logits' units (the model command's "
+    "err is relative: max |error| / mean |ref|)"
 )
 
 
@@ -133,15 +139,15 @@ class Result:
         """The cells of this result under :data:`COLUMNS`."""
         return (
             self.name,
-            self.output,
+            100 * self.agreement,
             self.max_error,
             self.mean_error,
-            100 * self.agreement,
-            self.parameter_bytes / 2**10,
-            self.peak_bytes / 2**10,
             self.latency.median * 1e3,
             self.latency.spread * 1e3,
             self.latency.throughput,
+            self.parameter_bytes / 2**10,
+            self.peak_bytes / 2**10,
+            self.output,
         )
 
     def __repr__(self) -> str:
@@ -186,7 +192,7 @@ class Comparison:
         warned = [
             f"{r.name}: {', '.join(r.latency.warnings)}" for r in self.results if r.latency.warnings
         ]
-        notes = (f"latency warnings: {'; '.join(warned)}",) if warned else ()
+        notes = (ERROR_NOTE, *([f"latency warnings: {'; '.join(warned)}"] if warned else []))
         return Table(COLUMNS, tuple(r.row() for r in self.results), self.caption, notes)
 
     def __repr__(self) -> str:
@@ -198,13 +204,18 @@ class Comparison:
 
 def _logits(out: Any) -> torch.Tensor:
     """The logits in what a model returned: a tensor, the first of a tuple, or the
-    ``logits`` of a mapping (a transformers model's output)."""
+    ``logits`` of a mapping or an object (a transformers model's output)."""
+    returned = type(out).__name__
     if isinstance(out, Mapping) and "logits" in out:
-        out = out["logits"]
+        out, returned = out["logits"], f"{returned} whose logits are {type(out['logits']).__name__}"
     elif isinstance(out, (tuple, list)):
-        out = out[0]
+        if not out:
+            raise MPGuideError(f"the model returned an empty {returned}, not logits")
+        out, returned = out[0], f"{returned} whose first item is {type(out[0]).__name__}"
+    elif not isinstance(out, torch.Tensor) and hasattr(out, "logits"):
+        out, returned = out.logits, f"{returned} whose .logits is {type(out.logits).__name__}"
     if not isinstance(out, torch.Tensor):
-        raise MPGuideError(f"the model returned {type(out).__name__}, not a tensor of logits")
+        raise MPGuideError(f"the model returned {returned}, not a tensor of logits")
     return out
 
 

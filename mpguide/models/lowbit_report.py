@@ -1,17 +1,17 @@
 """Your model in a low-bit format, linear layer by linear layer.
 
 :func:`capture` runs the model once in its own dtype with hooks on every :class:`torch.nn.Linear`
-(its first call), keeping the input, the weight and, with ``backward=True``, the gradient of the
-output (seeded standard-normal output gradients: ones would make a head's exact). :func:`report`
-quantizes each under a target of :data:`mpguide.precision.lowbit_errors.TARGETS` (a recipe, or a
-format cast without a scale) and measures, against float64 (statistics of
-:mod:`mpguide.precision.lowbit_errors`): the share of nonzero input and weight values that
-become zero, the share past the format's max (saturated by a recipe, inf or NaN for a plain
-cast), the error of the input, the weight and the layer's output (the GEMM of the quantized
-input and weight in float32, against the float64 GEMM of the unquantized ones), and of the
-output gradient. The layers with the largest output error are the ones to keep in higher
-precision first.
-"""
+and transformers ``Conv1D`` (its first call; the other modules with a weight of 2 dims or
+more, such as convolutions and embeddings, are named as left out), keeping the input, the
+weight and, with ``backward=True``, the gradient of the output (seeded standard-normal output
+gradients: ones would make a head's exact). :func:`report` quantizes each under a target of
+:data:`mpguide.precision.lowbit_errors.TARGETS` (a recipe, or a format cast without a scale)
+and measures, against float64 (statistics of :mod:`mpguide.precision.lowbit_errors`): the
+share of nonzero input and weight values that become zero, the share past the format's max
+(saturated by a recipe, inf or NaN for a plain cast), the error of the input, the weight and
+the layer's output (the GEMM of the quantized input and weight in float32, against the float64
+GEMM of the unquantized ones), and of the output gradient. The layers with the largest output
+error are the ones to keep in higher precision first."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from mpguide import MPGuideError
+from mpguide.core import terminal
 from mpguide.core.table import Table
 from mpguide.precision import lowbit_errors
 
@@ -43,15 +44,50 @@ class Captured:
     grad_output: torch.Tensor | None
 
 
+def _is_conv1d(module: torch.nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's projections): a linear layer whose 2-D weight is
+    stored transposed, ``(in, out)``, and used in a matmul."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ == "Conv1D"
+        and torch.is_tensor(weight)
+        and weight.ndim == 2
+        and isinstance(getattr(module, "nf", None), int)
+    )
+
+
+def quantized(module: torch.nn.Module) -> bool:
+    """Whether ``--target`` quantizes ``module``: a :class:`torch.nn.Linear` or a
+    transformers ``Conv1D``, the layers that multiply their input by a 2-D weight."""
+    return isinstance(module, torch.nn.Linear) or _is_conv1d(module)
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """The layer's weight as :func:`torch.nn.functional.linear` takes it, ``(out, in)``."""
+    return module.weight.detach().t() if _is_conv1d(module) else module.weight.detach()
+
+
+def left_out(model: torch.nn.Module) -> dict[str, int]:
+    """The modules with a weight of 2 dims or more that ``--target`` does not quantize
+    (convolutions, embeddings, layers of the reader's own), counted by type."""
+    found: dict[str, int] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not quantized(module) and torch.is_tensor(weight) and weight.ndim >= 2:
+            found[type(module).__name__] = found.get(type(module).__name__, 0) + 1
+    return found
+
+
 @contextmanager
 def _hooks(model: torch.nn.Module, seen: dict[str, dict[str, Any]]) -> Iterator[None]:
     handles = []
 
     def forward(name):
-        def hook(module, args, output):
-            if name in seen or not (args and torch.is_tensor(args[0])):
+        def hook(module, args, kwargs, output):
+            x = args[0] if args else kwargs.get("input", kwargs.get("x"))
+            if name in seen or not torch.is_tensor(x):
                 return
-            seen[name] = {"input": args[0].detach(), "module": module}
+            seen[name] = {"input": x.detach(), "module": module}
             if torch.is_tensor(output) and output.requires_grad:
                 output.register_hook(lambda grad: seen[name].setdefault("grad", grad.detach()))
 
@@ -59,8 +95,8 @@ def _hooks(model: torch.nn.Module, seen: dict[str, dict[str, Any]]) -> Iterator[
 
     try:
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear):
-                handles.append(module.register_forward_hook(forward(name)))
+            if quantized(module):
+                handles.append(module.register_forward_hook(forward(name), with_kwargs=True))
         yield
     finally:
         for handle in handles:
@@ -70,8 +106,9 @@ def _hooks(model: torch.nn.Module, seen: dict[str, dict[str, Any]]) -> Iterator[
 def capture(
     model: torch.nn.Module, inputs: Any, *, backward: bool = False, seed: int = 0
 ) -> list[Captured]:
-    """The first call of every linear layer of ``model`` on ``inputs`` (a tensor, a tuple of
-    arguments or a dict of keyword arguments), in call order."""
+    """The first call of every linear layer of ``model`` (:func:`quantized`) on ``inputs`` (a
+    tensor, a tuple of arguments or a dict of keyword arguments), in call order; a ``Conv1D``'s
+    weight is given as a Linear's, ``(out, in)``."""
     args, kwargs = (
         ((), inputs)
         if isinstance(inputs, dict)
@@ -87,6 +124,11 @@ def capture(
             out = model(*args, **kwargs)
             if backward:
                 leaves = [t for t in tree_leaves(out) if torch.is_tensor(t) and t.requires_grad]
+                if not leaves:
+                    raise MPGuideError(
+                        "--backward: no output of the model requires grad (are its parameters "
+                        "frozen, or its outputs detached?)"
+                    )
                 gen = torch.Generator(device=leaves[0].device).manual_seed(seed)
                 grads = [
                     torch.randn(t.shape, generator=gen, device=t.device).to(t.dtype) for t in leaves
@@ -96,17 +138,26 @@ def capture(
         model.train(was_training)
         model.zero_grad(set_to_none=True)
     if not seen:
-        raise MPGuideError("the model ran no torch.nn.Linear layer: nothing to quantize")
+        others = left_out(model)
+        also = f"; left out: {_counted(others)}" if others else ""
+        raise MPGuideError(
+            f"the model ran no linear layer (torch.nn.Linear or transformers' Conv1D): nothing "
+            f"to quantize{also}"
+        )
     return [
         Captured(
             name,
             s["input"],
-            s["module"].weight.detach(),
+            _weight(s["module"]),
             None if s["module"].bias is None else s["module"].bias.detach(),
             s.get("grad"),
         )
         for name, s in seen.items()
     ]
+
+
+def _counted(found: dict[str, int]) -> str:
+    return ", ".join(f"{n} {name}" for name, n in sorted(found.items(), key=lambda x: -x[1]))
 
 
 @dataclass(frozen=True)
@@ -127,6 +178,8 @@ class TargetReport:
 
     target: str
     rows: tuple[Row, ...]
+    left_out: tuple[tuple[str, int], ...] = ()
+    """The modules with a weight of 2 dims or more not quantized, by type, and how many."""
 
     @property
     def keep_first(self) -> tuple[str, ...]:
@@ -161,6 +214,11 @@ class TargetReport:
         ]
         if len(shown) < len(self.rows):
             notes.append(f"{len(self.rows) - len(shown)} more layers")
+        if self.left_out:
+            notes.append(
+                f"left out: {_counted(dict(self.left_out))} (quantized: torch.nn.Linear and "
+                "transformers' Conv1D, the layers that multiply by a 2-D weight)"
+            )
         bits = self.rows[0].weight.bits_per_value
         caption = f"linear layers under {self.target} ({bits:g} bits per weight), live on the CPU"
         return Table(columns, tuple(rows), caption, tuple(notes))
@@ -200,7 +258,7 @@ def report(
                 grad_error=None if qg is None else qg.rel_error,
             )
         )
-    return TargetReport(target, tuple(rows))
+    return TargetReport(target, tuple(rows), tuple(left_out(model).items()))
 
 
 def main(args: Any, factory: Any, readers_code: Any) -> str:
@@ -214,6 +272,8 @@ def main(args: Any, factory: Any, readers_code: Any) -> str:
         raise MPGuideError("--target measures numbers: it cannot be simulated")
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
+    if args.columns is not None:
+        raise MPGuideError("--columns picks the per-module report's columns; --target has its own")
     model, inputs = factory(args.spec)
     with readers_code(f"running the model of {args.spec} on its inputs"):
         result = report(model, inputs, args.target, backward=args.backward)
@@ -221,7 +281,7 @@ def main(args: Any, factory: Any, readers_code: Any) -> str:
     if args.format == "csv":
         for note in (table.caption, *table.notes):
             print(f"mpguide: note: {note}", file=sys.stderr)
-    return table.render("table" if args.format == "text" else args.format)
+    return table.render(args.format, terminal.width())
 
 
 def by_kind(captured: list[Captured], targets: tuple[str, ...] | list[str]) -> Table:

@@ -8,6 +8,7 @@ more than the device has available (:func:`available`), which ``MPGUIDE_MEMORY_G
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -26,9 +27,12 @@ def available(dev: torch.device) -> tuple[int, str] | None:
     given = os.environ.get(ENV)
     if given:
         try:
-            return int(float(given) * GB), ENV
+            gb = float(given)
         except ValueError:
-            raise MPGuideError(f"{ENV} must be a number of GB, got {given!r}") from None
+            gb = math.nan
+        if not (math.isfinite(gb) and gb > 0):
+            raise MPGuideError(f"{ENV} must be a number of GB above 0, got {given!r}")
+        return int(gb * GB), ENV
     if dev.type == "cuda":
         return torch.cuda.mem_get_info(dev)[0], "free CUDA memory"
     if dev.type != "cpu":

@@ -54,8 +54,9 @@ from mpguide.models.recorder import Key, Say
 from mpguide.precision import numerics
 from mpguide.training.autograd import BACKWARD, FORWARD
 
-SHOWN = ("module", "type", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero")
-"""The columns a table shows by default: where each module's dtypes change and its error."""
+SHOWN = ("module", "in", "out", "casts", "bwd casts", "out err", "inf", "nan", "to zero", "type")
+"""The columns a table shows by default, in this order: where each module's dtypes change and
+its error; the module's type last, the first a narrow terminal leaves out (the name tells)."""
 BEYOND = "|ref| > max"
 """The column of reference values beyond the low-precision format's largest finite value."""
 JUMP = 10.0
@@ -236,9 +237,16 @@ class Report:
             out.append("no module returned inf or NaN where the float64 reference is finite")
         jump = self.largest_jump
         if jump is not None:
+            came, floor = jump.input_error.max_rel, torch.finfo(self.low).eps / 2
+            counted = (
+                f" (counted as {dtypes.name(self.low)}'s unit roundoff {floor:.3g}, the floor "
+                "of a growth)"
+                if came < floor
+                else ""
+            )
             out.append(
                 f"largest growth in error: {jump.label} ({jump.kind}), {self.growth(jump):.3g} "
-                f"times: max |error| / mean |ref| {jump.input_error.max_rel:.3g} in, "
+                f"times: max |error| / mean |ref| {came:.3g} in{counted}, "
                 f"{jump.error.max_rel:.3g} out"
             )
         else:
@@ -280,7 +288,7 @@ class Report:
         qualified name."""
         every = self.columns()
         if columns is None:
-            columns = [c for c in every if c in SHOWN]
+            columns = [c for c in SHOWN if c in every]
         elif columns == "all":
             columns = every
         else:

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 _SHARE = 0.55  # of the file decoded here (the worker first starts Python and imports; on a
 # 1 M-event trace 0.55 balanced the two best of 0.5, 0.52, 0.55, 0.58 and 0.6)
 _WORKER = "import sys; from mpguide.traces.halves import _work; _work(sys.argv[1:])"
+_REPLACED = 3
+"""The worker's exit status when the path it was given is no longer the file being read."""
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 """The worker does no linear algebra: numpy's BLAS threads, started at import, would take
 0.1 s of CPU from this process's decoding."""
@@ -29,49 +31,79 @@ _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 def read(path: Path, args_of) -> list[Trace] | None:
     """Decode the first part of ``path`` here while a worker process decodes the rest; None
-    when no event boundary is found near the cut or a part does not decode."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        bracketed = f.read(trace._WINDOW).lstrip(b" \t\r\n" + trace._UTF8_BOM)[:1] == b"["
-        f.seek(middle := int(size * _SHARE))
-        found = trace._BOUNDARY.search(f.read(trace._WINDOW))
-    if found is None or not sys.executable:
-        log.info("%s: decoded in one piece: no event boundary near the cut", path)
-        return None
-    cut, start = middle + found.start() + 1, middle + found.start(1)
-    head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
+    when no event boundary is found near the cut or a part does not decode.
+
+    Both parts come from one file: this process opens ``path`` once, and the worker reads
+    it only if it finds the same file there (device, inode, size, modification time); a
+    file replaced or written to while it is read is refused (MPGuideError), not mixed."""
     try:
-        return _with_worker(path, cut, start, head, tail, args_of)
-    except (OSError, EOFError, pickle.UnpicklingError) as err:
-        # No temporary file, no worker or an unreadable result: one piece, and why.
-        log.info("%s: decoded in one piece: the worker failed: %s", path, error_line(err))
+        f = path.open("rb")
+    except OSError as err:
+        log.info("%s: decoded in one piece: %s", path, error_line(err))
         return None
+    with f:
+        seen = _identity(f)
+        f.seek(0)
+        bracketed = f.read(trace._WINDOW).lstrip(b" \t\r\n" + trace._UTF8_BOM)[:1] == b"["
+        f.seek(middle := int(seen[2] * _SHARE))
+        found = trace._BOUNDARY.search(f.read(trace._WINDOW))
+        if found is None or not sys.executable:
+            log.info("%s: decoded in one piece: no event boundary near the cut", path)
+            return None
+        cut, start = middle + found.start() + 1, middle + found.start(1)
+        head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
+        f.seek(0)
+        try:
+            parts = _with_worker(f, seen, cut, start, head, tail, args_of)
+        except (OSError, EOFError, pickle.UnpicklingError) as err:
+            # No temporary file, no worker or an unreadable result: one piece, and why.
+            log.info("%s: decoded in one piece: the worker failed: %s", path, error_line(err))
+            return None
+        if _identity(f) != seen:
+            raise _changed(path)
+        return parts
+
+
+def _identity(f) -> tuple[int, int, int, int]:
+    """The device, inode, size and modification time (ns) of the open file ``f``."""
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _changed(path) -> MPGuideError:
+    return MPGuideError(
+        f"{path}: the file was replaced or written to while it was read; read it again once "
+        "it is complete"
+    )
 
 
 def _with_worker(
-    path: Path, cut: int, start: int, head: bytes, tail: bytes, args_of
+    f, seen: tuple, cut: int, start: int, head: bytes, tail: bytes, args_of
 ) -> list[Trace] | None:
-    """Bytes ``:cut`` of ``path`` closed by ``head`` decoded here, and bytes ``start:``
-    opened by ``tail`` in a worker; None if either does not decode.
+    """Bytes ``:cut`` of the open file ``f`` closed by ``head`` decoded here, and bytes
+    ``start:`` opened by ``tail`` in a worker, which reads the file only where it is still
+    the one ``seen``; None if either part does not decode.
 
     The worker writes its part and its errors to temporary files that have no name, so that
     nothing is left on disk however this process ends; it is killed when this process
     leaves early (an error, or a signal that :mod:`mpguide.cli` turns into one), and by
     Linux when this process dies."""
+    path = f.name
     keep = trace._pickled(args_of).hex()
     package = str(Path(__file__).resolve().parents[2])
     path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
-    argv = [sys.executable, "-c", _WORKER, str(path), str(start), tail.decode(), str(os.getpid())]
+    identity = ",".join(map(str, seen))
+    argv = [sys.executable, "-c", _WORKER, path, str(start), tail.decode(), str(os.getpid())]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as errors:
         worker = subprocess.Popen(
-            [*argv, keep],
+            [*argv, identity, keep],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=errors,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list), **_ONE_THREAD},
         )
         try:
-            first = _piece(path, 0, cut, b"", head, args_of)
+            first = _piece(f, 0, cut, b"", head, args_of)
             status = None if first is None else worker.wait()
         finally:
             if worker.poll() is None:
@@ -80,6 +112,8 @@ def _with_worker(
         if first is None:
             log.info("%s: decoded in one piece: the first part does not decode alone", path)
             return None
+        if status == _REPLACED:
+            raise _changed(path)
         if status != 0:
             errors.seek(0)
             said = errors.read().decode(errors="replace").strip().splitlines()
@@ -90,17 +124,18 @@ def _with_worker(
         return [first, pickle.load(out)]
 
 
-def _piece(path: Path, start: int, stop, before: bytes, after: bytes, args_of) -> Trace | None:
-    """Columns of the events in bytes ``start:stop`` of ``path``, framed by ``before`` and
-    ``after`` into a document of their own; None if that is not a chrome trace."""
+def _piece(source, start: int, stop, before: bytes, after: bytes, args_of) -> Trace | None:
+    """Columns of the events in bytes ``start:stop`` of ``source`` (an open file), framed by
+    ``before`` and ``after`` into a document of their own; None if that is not a chrome
+    trace."""
     try:
-        with trace._filler(path, start, stop) as fill:
-            return trace._streamed(fill, before, after, str(path), args_of)
+        with trace._filler(source, start, stop) as fill:
+            return trace._streamed(fill, before, after, trace._name(source), args_of)
     except MPGuideError:
         return None
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """Have Linux kill this process when its parent dies; end now if it has already."""
     if sys.platform.startswith("linux"):
         import ctypes
@@ -114,12 +149,16 @@ def _die_with(parent: int) -> None:
 def _work(argv: list[str]) -> None:
     """The worker of :func:`read`: the columns of the events from byte ``start`` to
     the end of file ``path``, framed by ``before``, pickled to stdout; ``parent`` is the
-    pid of the process that started it, ``keep`` the pickled ``args_of``."""
-    path, start, before, parent, keep = argv
-    _die_with(int(parent))
+    pid of the process that started it, ``identity`` that of the file it opened, ``keep``
+    the pickled ``args_of``. Exits ``_REPLACED`` if ``path`` is now another file."""
+    path, start, before, parent, identity, keep = argv
+    die_with(int(parent))
     args_of = pickle.loads(bytes.fromhex(keep))
-    with trace.paused_gc():
-        part = _piece(Path(path), int(start), None, before.encode(), b"", args_of)
+    with open(path, "rb") as f:
+        if ",".join(map(str, _identity(f))) != identity:
+            raise SystemExit(_REPLACED)
+        with trace.paused_gc():
+            part = _piece(f, int(start), None, before.encode(), b"", args_of)
     if part is None:
         raise SystemExit("the second part does not decode alone")
     pickle.dump(part, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)

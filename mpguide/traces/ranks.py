@@ -16,7 +16,9 @@ pool outlives the call, whether it ends, fails or is interrupted.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import fnmatch
 import gzip
 import json
 import multiprocessing
@@ -26,6 +28,7 @@ import signal
 import socket
 import stat
 import statistics
+import sys
 import threading
 import zlib
 from collections import Counter
@@ -33,12 +36,14 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from functools import partial
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
 from mpguide import MPGuideError, error_line
 from mpguide.core.table import Table
 from mpguide.traces import casts as cast_report
+from mpguide.traces import halves
 from mpguide.traces import trace as trace_file
 
 PATTERNS = ("*.json", "*.json.gz")
@@ -48,6 +53,7 @@ _HEAD = 1 << 20
 _INFO = re.compile(rb'"distributedInfo"\s*:\s*')
 _NAME_RANK = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 _CONNECT_S = 10
+_MISSING = object()
 
 
 def files(folder: str | Path) -> list[Path]:
@@ -78,7 +84,15 @@ def _scan(folder: str | Path) -> tuple[list[Path], list[str]]:
     folder = Path(folder)
     if not folder.is_dir():
         raise MPGuideError(f"{folder}: not a directory")
-    named = sorted({p for pattern in PATTERNS for p in folder.glob(pattern)})
+    try:
+        names = os.listdir(folder)
+    except OSError as err:
+        raise MPGuideError(f"{folder}: cannot list it ({err.strerror or err})") from None
+    named = sorted(
+        folder / n
+        for n in names
+        if not n.startswith(".") and any(fnmatch.fnmatchcase(n, p) for p in PATTERNS)
+    )
     why = [(p, _not_a_file(p)) for p in named]
     found = [p for p, reason in why if reason is None]
     skipped = [f"{p.name}: skipped, {reason}" for p, reason in why if reason is not None]
@@ -93,8 +107,9 @@ def _head(path: Path) -> bytes:
     cannot be read, which the load then says."""
     try:
         with path.open("rb") as f:
-            if f.read(2) != b"\x1f\x8b":
-                return f.read(_HEAD - 2)
+            first = f.read(_HEAD)
+            if first[:2] != b"\x1f\x8b":
+                return first
             f.seek(0)
             with gzip.open(f) as z:
                 return z.read(_HEAD)
@@ -105,21 +120,25 @@ def _head(path: Path) -> bytes:
 def rank_of(path: str | Path) -> tuple[int | None, str]:
     """The rank of a trace and where it was found: the ``distributedInfo`` the profiler
     writes before the events, else ``rank`` and a number in the file name (``rank-3``,
-    ``rank_3``, ``rank3``; the last one), else None."""
+    ``rank_3``, ``rank3``; the last one), else None. A ``distributedInfo`` whose rank is not
+    a whole number from 0 is named in the second (``unknown; ...``, ``file name; ...``)."""
     head = _head(Path(path))
     events = head.find(b'"traceEvents"')
     found = _INFO.search(head, 0, events if events >= 0 else len(head))
+    bad = ""
     if found is not None:
         text = head[found.end() :].decode("utf-8", "replace")
         try:
             info = json.JSONDecoder().raw_decode(text)[0]
         except ValueError:
             info = None
-        rank = info.get("rank") if isinstance(info, dict) else None
+        rank = info.get("rank", _MISSING) if isinstance(info, dict) else _MISSING
         if type(rank) is int and rank >= 0:
             return rank, FROM_TRACE
+        shown = "missing" if rank is _MISSING else f"{json.dumps(rank)[:24]}, not a rank"
+        bad = f"; {FROM_TRACE} rank {shown}"
     named = _NAME_RANK.findall(Path(path).name)
-    return (int(named[-1]), FROM_NAME) if named else (None, UNKNOWN)
+    return (int(named[-1]), FROM_NAME + bad) if named else (None, UNKNOWN + bad)
 
 
 @dataclass(frozen=True)
@@ -308,11 +327,15 @@ class Ranks:
         if shared:
             listed = ", ".join(map(str, shared))
             notes.append(f"ranks with several traces, one row each: {listed}")
-        unknown = sum(r.rank is None for r in self.rows)
+        unknown = sum(r.origin == UNKNOWN for r in self.rows)
         if unknown:
             notes.append(
                 f"{unknown} trace(s) of unknown rank: no distributedInfo, no rank in the name"
             )
+        bad = [r for r in self.rows if r.origin.startswith((f"{UNKNOWN}; ", f"{FROM_NAME}; "))]
+        if bad:
+            named = ", ".join(f"{Path(r.file).name} ({r.origin})" for r in bad)
+            notes.append(f"{len(bad)} trace(s) whose distributedInfo has no valid rank: {named}")
         return (*notes, *self.skipped)
 
     def summary(self) -> Table:
@@ -469,17 +492,20 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _in_pool() -> None:
+def _in_pool(parent: int) -> None:
     """In a pool's process: Ctrl-C is left to the parent, which ends the pool. The end
-    (SIGTERM) kills the process at once; the trace reader's own worker dies with it
-    (:func:`mpguide.traces.trace.load`)."""
+    (SIGTERM) kills the process at once, and so does its parent's death, however it dies
+    (on Linux); the trace reader's own worker dies with it (:func:`mpguide.traces.trace.load`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    halves.die_with(parent)
 
 
 def _pool(jobs: int):
     """A pool of ``jobs`` fresh processes, started ignoring Ctrl-C (from the main thread,
     where signals can be set), so that one still importing when it comes stays quiet."""
-    start = partial(multiprocessing.get_context("spawn").Pool, jobs, initializer=_in_pool)
+    _quiet_tracker()
+    context = multiprocessing.get_context("spawn")
+    start = partial(context.Pool, jobs, initializer=_in_pool, initargs=(os.getpid(),))
     if threading.current_thread() is not threading.main_thread():
         return start()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -487,6 +513,24 @@ def _pool(jobs: int):
         return start()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_tracker() -> None:
+    """Start multiprocessing's resource tracker, if it is not running, with its stderr on
+    the null device: when this process is killed (SIGKILL) the tracker frees the pool's
+    semaphores and would warn of them on the terminal after the command has ended."""
+    if os.name != "posix":
+        return
+    with suppress(OSError, ValueError):
+        sys.stderr.flush()
+        null, saved = os.open(os.devnull, os.O_WRONLY), os.dup(2)
+        try:
+            os.dup2(null, 2)
+            resource_tracker.ensure_running()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(null)
 
 
 def _on_cores(work, paths: list[str], jobs: int, progress) -> tuple[list[Row], str]:
@@ -526,7 +570,7 @@ def _on_cluster(work, paths: list[str], scheduler: str, progress) -> tuple[list[
     rows: list[Row] = []
     done = False
     try:
-        workers = len(client.scheduler_info()["workers"])
+        workers = _some_workers(client, scheduler)
         futures = client.map(work, paths, pure=False)
         path_of = {f.key: p for f, p in zip(futures, paths, strict=True)}
         for future in as_completed(futures, loop=client.loop):
@@ -545,15 +589,47 @@ def _on_cluster(work, paths: list[str], scheduler: str, progress) -> tuple[list[
 
 
 def _reachable(scheduler: str) -> None:
-    """Fail in one line, at once, on an address that is malformed or where nothing
-    listens: a Dask client that fails to connect hangs at exit for its close timeout."""
-    from distributed.comm import get_address_host_port
+    """Fail in one line, within :data:`_CONNECT_S` seconds, on an address that is malformed,
+    where nothing listens, or where what listens does not answer as a Dask scheduler: a
+    Dask client waits for ever for an answer that never comes."""
+    from distributed.comm import connect, get_address_host_port
+
+    async def identity() -> object:
+        comm = await connect(scheduler, timeout=_CONNECT_S)
+        try:
+            await comm.write({"op": "identity"})
+            return await comm.read()
+        finally:
+            await comm.close()
+
+    async def in_time() -> object:
+        return await asyncio.wait_for(identity(), _CONNECT_S)
 
     try:
         host, port = get_address_host_port(scheduler)
         socket.create_connection((host, port), timeout=_CONNECT_S).close()
+        answer = asyncio.run(in_time())
+    except TimeoutError:
+        raise MPGuideError(
+            f"no Dask scheduler at {scheduler}: something listens there but gave no Dask "
+            f"answer within {_CONNECT_S} s"
+        ) from None
     except (OSError, ValueError) as err:
         raise MPGuideError(f"no Dask scheduler at {scheduler}: {error_line(err)}") from None
+    if not (isinstance(answer, dict) and answer.get("type") == "Scheduler"):
+        raise MPGuideError(f"no Dask scheduler at {scheduler}: it answered as {answer!r:.60}")
+
+
+def _some_workers(client, scheduler: str) -> int:
+    """How many workers the cluster has, once it has one; a one-line error if none comes
+    within :data:`_CONNECT_S` seconds (tasks sent to a cluster without workers wait for ever)."""
+    try:
+        client.wait_for_workers(1, timeout=_CONNECT_S)
+    except TimeoutError:
+        raise MPGuideError(
+            f"the Dask scheduler at {scheduler} has no workers (none came within {_CONNECT_S} s)"
+        ) from None
+    return len(client.scheduler_info()["workers"])
 
 
 def _tell(progress, rows: list[Row], paths: list[str]) -> None:
