@@ -389,7 +389,7 @@ def test_large_files_decode_in_two_processes_as_in_one(tmp_path, monkeypatch, la
     path = write_generated(tmp_path / "t.json", 300, layout, python=True, gpu=True, threads=2)
     serial = trace.parse(path.read_bytes(), str(path))
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
-    parts = halves.read(path, None)
+    parts = trace._in_halves(path, None)
     assert parts is not None and all(len(h.ts) for h in parts)
     same_trace(trace.load(path), serial)
 
@@ -398,7 +398,7 @@ def test_a_real_export_splits_at_an_event(tmp_path, monkeypatch):
     path = tmp_path / "train_step.json"
     path.write_bytes(gzip.decompress((DATA / "train_step.json.gz").read_bytes()))
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
-    assert halves.read(path, None) is not None
+    assert trace._in_halves(path, None) is not None
     same_trace(trace.load(path), trace.load(DATA / "train_step.json.gz"))
 
 
@@ -516,11 +516,11 @@ def test_events_in_any_key_order_split(tmp_path, monkeypatch):
     name_first.write_text(
         json.dumps({"traceEvents": [{"name": e.pop("name"), **e} for e in events]})
     )
-    assert halves.read(name_first, None) is not None
+    assert trace._in_halves(name_first, None) is not None
     assert len(trace.load(name_first)) == 2000
     broken = write_generated(tmp_path / "broken.json", 300, "object")
     broken.write_bytes(broken.read_bytes()[:-3])
-    assert halves.read(broken, None) is None
+    assert trace._in_halves(broken, None) is None
     with pytest.raises(MPGuideError, match="not valid JSON"):
         trace.load(broken)
 
@@ -529,15 +529,15 @@ def test_a_load_without_a_worker_decodes_in_one_piece(tmp_path, monkeypatch, cap
     path = write_generated(tmp_path / "t.json", 100, "object")
     monkeypatch.setattr(trace, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(halves.sys, "executable", str(tmp_path / "no-python"))
-    assert halves.read(path, None) is None
+    assert trace._in_halves(path, None) is None
     assert "decoded in one piece: the worker failed: FileNotFoundError" in caplog.text
     same_trace(trace.load(path), trace.parse(path.read_bytes(), str(path)))
 
 
 def test_a_worker_that_crashes_says_why(tmp_path, monkeypatch, caplog):
     path = write_generated(tmp_path / "t.json", 100, "object")
-    monkeypatch.setattr(halves, "_WORKER", "raise SystemExit('worker gave up')")
-    assert halves.read(path, None) is None
+    monkeypatch.setattr(trace, "_WORKER", "raise SystemExit('worker gave up')")
+    assert trace._in_halves(path, None) is None
     assert "decoded in one piece: the worker exited 1: worker gave up" in caplog.text
 
 

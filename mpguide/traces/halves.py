@@ -1,5 +1,6 @@
-"""A large plain trace read in two parts at once: the first in this process, the rest in a
-worker process (:func:`read`, called by :func:`mpguide.traces.trace.load`)."""
+"""A large file read in two parts at once: the first in this process, the rest in a worker
+process (:func:`read`; :func:`mpguide.traces.trace.load` gives it where to cut a trace and how
+to decode a part). This module knows processes and files, not JSON."""
 
 from __future__ import annotations
 
@@ -10,18 +11,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from mpguide import MPGuideError, error_line
-from mpguide.traces import trace
-from mpguide.traces.trace import Trace
 
 log = logging.getLogger(__name__)
 
 _SHARE = 0.55  # of the file decoded here (the worker first starts Python and imports; on a
 # 1 M-event trace 0.55 balanced the two best of 0.5, 0.52, 0.55, 0.58 and 0.6)
-_WORKER = "import sys; from mpguide.traces.halves import _work; _work(sys.argv[1:])"
 _REPLACED = 3
 """The worker's exit status when the path it was given is no longer the file being read."""
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -29,9 +29,20 @@ _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 0.1 s of CPU from this process's decoding."""
 
 
-def read(path: Path, args_of) -> list[Trace] | None:
+Cut = Callable[[Any, int], "tuple[int, int, bytes, bytes] | None"]
+"""Where to cut an open file of a size: ``(cut, start, head, tail)``, the first part being
+bytes ``:cut`` closed by ``head`` and the second bytes ``start:`` opened by ``tail``; None
+where no cut is found."""
+Part = Callable[[Any, int, "int | None", bytes, bytes], Any]
+"""A part of an open file decoded: ``part(f, start, stop, before, after)``, the bytes
+``start:stop`` framed by ``before`` and ``after``; None where they do not decode alone."""
+
+
+def read(path: Path, cut: Cut, part: Part, worker: list[str]) -> list | None:
     """Decode the first part of ``path`` here while a worker process decodes the rest; None
-    when no event boundary is found near the cut or a part does not decode.
+    when ``cut`` finds no cut or a part does not decode. ``worker`` is the Python code the
+    worker runs and its first arguments: it calls :func:`work` with the arguments after
+    them and its own ``part``.
 
     Both parts come from one file: this process opens ``path`` once, and the worker reads
     it only if it finds the same file there (device, inode, size, modification time); a
@@ -43,18 +54,13 @@ def read(path: Path, args_of) -> list[Trace] | None:
         return None
     with f:
         seen = _identity(f)
-        f.seek(0)
-        bracketed = f.read(trace._WINDOW).lstrip(b" \t\r\n" + trace._UTF8_BOM)[:1] == b"["
-        f.seek(middle := int(seen[2] * _SHARE))
-        found = trace._BOUNDARY.search(f.read(trace._WINDOW))
+        found = cut(f, int(seen[2] * _SHARE))
         if found is None or not sys.executable:
             log.info("%s: decoded in one piece: no event boundary near the cut", path)
             return None
-        cut, start = middle + found.start() + 1, middle + found.start(1)
-        head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
         f.seek(0)
         try:
-            parts = _with_worker(f, seen, cut, start, head, tail, args_of)
+            parts = _with_worker(f, seen, found, part, worker)
         except (OSError, EOFError, pickle.UnpicklingError) as err:
             # No temporary file, no worker or an unreadable result: one piece, and why.
             log.info("%s: decoded in one piece: the worker failed: %s", path, error_line(err))
@@ -77,9 +83,7 @@ def _changed(path) -> MPGuideError:
     )
 
 
-def _with_worker(
-    f, seen: tuple, cut: int, start: int, head: bytes, tail: bytes, args_of
-) -> list[Trace] | None:
+def _with_worker(f, seen: tuple, found: tuple, part: Part, worker: list[str]) -> list | None:
     """Bytes ``:cut`` of the open file ``f`` closed by ``head`` decoded here, and bytes
     ``start:`` opened by ``tail`` in a worker, which reads the file only where it is still
     the one ``seen``; None if either part does not decode.
@@ -89,21 +93,21 @@ def _with_worker(
     leaves early (an error, or a signal that :mod:`mpguide.cli` turns into one), and by
     Linux when this process dies."""
     path = f.name
-    keep = trace._pickled(args_of).hex()
+    cut, start, head, tail = found
     package = str(Path(__file__).resolve().parents[2])
     path_list = [package, *filter(None, [os.environ.get("PYTHONPATH")])]
     identity = ",".join(map(str, seen))
-    argv = [sys.executable, "-c", _WORKER, path, str(start), tail.decode(), str(os.getpid())]
+    argv = [sys.executable, "-c", *worker, path, str(start), tail.decode(), str(os.getpid())]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as errors:
         worker = subprocess.Popen(
-            [*argv, identity, keep],
+            [*argv, identity],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=errors,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(path_list), **_ONE_THREAD},
         )
         try:
-            first = _piece(f, 0, cut, b"", head, args_of)
+            first = part(f, 0, cut, b"", head)
             status = None if first is None else worker.wait()
         finally:
             if worker.poll() is None:
@@ -124,17 +128,6 @@ def _with_worker(
         return [first, pickle.load(out)]
 
 
-def _piece(source, start: int, stop, before: bytes, after: bytes, args_of) -> Trace | None:
-    """Columns of the events in bytes ``start:stop`` of ``source`` (an open file), framed by
-    ``before`` and ``after`` into a document of their own; None if that is not a chrome
-    trace."""
-    try:
-        with trace._filler(source, start, stop) as fill:
-            return trace._streamed(fill, before, after, trace._name(source), args_of)
-    except MPGuideError:
-        return None
-
-
 def die_with(parent: int) -> None:
     """Have Linux kill this process when its parent dies; end now if it has already."""
     if sys.platform.startswith("linux"):
@@ -146,20 +139,18 @@ def die_with(parent: int) -> None:
         raise SystemExit(1)
 
 
-def _work(argv: list[str]) -> None:
-    """The worker of :func:`read`: the columns of the events from byte ``start`` to
-    the end of file ``path``, framed by ``before``, pickled to stdout; ``parent`` is the
-    pid of the process that started it, ``identity`` that of the file it opened, ``keep``
-    the pickled ``args_of``. Exits ``_REPLACED`` if ``path`` is now another file."""
-    path, start, before, parent, identity, keep = argv
+def work(argv: list[str], part: Part) -> None:
+    """The worker of :func:`read`: ``part`` of the file ``path`` from byte ``start`` to its
+    end, framed by ``before``, pickled to stdout; ``parent`` is the pid of the process that
+    started it, ``identity`` that of the file it opened. Exits ``_REPLACED`` if ``path`` is
+    now another file."""
+    path, start, before, parent, identity = argv
     die_with(int(parent))
-    args_of = pickle.loads(bytes.fromhex(keep))
     with open(path, "rb") as f:
         if ",".join(map(str, _identity(f))) != identity:
             raise SystemExit(_REPLACED)
-        with trace.paused_gc():
-            part = _piece(f, int(start), None, before.encode(), b"", args_of)
-    if part is None:
+        got = part(f, int(start), None, before.encode(), b"")
+    if got is None:
         raise SystemExit("the second part does not decode alone")
-    pickle.dump(part, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickle.dump(got, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
     sys.stdout.buffer.flush()

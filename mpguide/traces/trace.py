@@ -16,6 +16,7 @@ by U+FFFD and counted. :meth:`Trace.tree` nests the events into call trees
 from __future__ import annotations
 
 import codecs
+import functools
 import gc
 import gzip
 import io
@@ -38,7 +39,7 @@ import msgspec
 import numpy as np
 
 from mpguide import MPGuideError
-from mpguide.traces import calltree
+from mpguide.traces import calltree, halves
 from mpguide.traces.columns import CODE, Args, Coded, Flows, codes, matching, merged
 from mpguide.traces.memory import (
     BYTES_PER_EVENT,
@@ -521,9 +522,7 @@ def load(
         if plain:
             check_memory(str(path), count_events(path))
         if plain and size >= PARALLEL_BYTES:
-            from mpguide.traces import halves
-
-            parts = halves.read(path, args_of)
+            parts = _in_halves(path, args_of)
             if parts is not None:
                 return _events_in(_joined(parts, str(path)))
     with _filler(source, max_bytes=max_bytes) as fill:
@@ -539,6 +538,49 @@ def _events_in(trace: Trace) -> Trace:
             "have no phase (ph), so none is a trace event"
         )
     return trace
+
+
+_WORKER = "import sys; from mpguide.traces.trace import _worker; _worker(sys.argv[1:])"
+"""The code of the worker process of a two-part read."""
+
+
+def _in_halves(path: Path, args_of) -> list[Trace] | None:
+    """``path`` read in two parts at once (:func:`mpguide.traces.halves.read`), cut at an
+    event boundary; None where it is read in one piece."""
+    part = functools.partial(_part, args_of=args_of)
+    return halves.read(path, _cut, part, [_WORKER, _pickled(args_of).hex()])
+
+
+def _worker(argv: list[str]) -> None:
+    """The worker process of :func:`_in_halves`: ``argv`` is the pickled ``args_of``, then
+    what :func:`mpguide.traces.halves.work` reads."""
+    keep, *rest = argv
+    with paused_gc():
+        halves.work(rest, functools.partial(_part, args_of=pickle.loads(bytes.fromhex(keep))))
+
+
+def _cut(f: BinaryIO, middle: int) -> tuple[int, int, bytes, bytes] | None:
+    """The first event boundary after byte ``middle`` of the open trace ``f`` (within
+    :data:`_WINDOW`): where the first part ends and the second starts, and the bytes that
+    close the first and open the second as documents of their own; None where there is none."""
+    f.seek(0)
+    bracketed = f.read(_WINDOW).lstrip(b" \t\r\n" + _UTF8_BOM)[:1] == b"["
+    f.seek(middle)
+    found = _BOUNDARY.search(f.read(_WINDOW))
+    if found is None:
+        return None
+    head, tail = (b"]", b"[") if bracketed else (b"]}", b'{"traceEvents":[')
+    return middle + found.start() + 1, middle + found.start(1), head, tail
+
+
+def _part(f: BinaryIO, start: int, stop: int | None, before: bytes, after: bytes, args_of):
+    """Columns of the events in bytes ``start:stop`` of the open trace ``f``, framed by
+    ``before`` and ``after`` into a document of their own; None if that is not a trace."""
+    try:
+        with _filler(f, start, stop) as fill:
+            return _streamed(fill, before, after, _name(f), args_of)
+    except MPGuideError:
+        return None
 
 
 def _pickled(args_of: Callable[[str], bool] | None) -> bytes:
