@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_leaves
 
+import mpguide
 from mpguide.autocast import catalogue
 from mpguide.autocast.calls import Inputs, Op
 from mpguide.autocast.probing import DIED, UNSUPPORTED, Probe, Run, probe_op
@@ -83,8 +84,6 @@ def _child() -> None:
 def _env() -> dict[str, str]:
     """The environment of a child: this one, with the folder this mpguide was imported from
     first on its module path (the parent may have found it through ``sys.path`` alone)."""
-    import mpguide
-
     here = str(Path(mpguide.__file__).resolve().parents[1])
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mpguide import MPGuideError, error_line
-from mpguide.core import output
+from mpguide.core import output, quiet
 
 SPEC = "FILE.py:NAME or package.module:NAME"
 """How every command names the reader's code; importing it runs its top-level code."""
@@ -31,8 +31,6 @@ def readers_code(doing: str) -> Iterator[None]:
     """An exception raised by the reader's code inside, ``SystemExit`` and any other
     ``BaseException`` but :data:`NOT_THE_READERS`: one line saying what was being done.
     torchao's import-time lines (transformers imports it) are dropped."""
-    from mpguide.core import quiet
-
     try:
         with quiet.library_imports():
             yield

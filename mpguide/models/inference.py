@@ -23,6 +23,7 @@ from mpguide import MPGuideError
 from mpguide.core import device as _device
 from mpguide.core import timing
 from mpguide.core.table import Table
+from mpguide.models.per_module import arguments
 
 
 @dataclass(frozen=True)
@@ -244,8 +245,6 @@ def compare(
         raise MPGuideError("no variants to compare")
     if len({v.name for v in variants}) != len(variants):
         raise MPGuideError("variant names must differ")
-    from mpguide.models.per_module import arguments
-
     inputs = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, arguments(inputs))
     first = next(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
     items = first.shape[0] if first.dim() else 1

@@ -7,6 +7,9 @@ the axes to draw on (a sequence of axes for a figure of several panels, in the o
 docstring gives), returning their figure; the figure is then the caller's, so nothing
 resizes it, and a single-axes figure's title and legend go on the axes. Without ``ax``
 each makes its own figure.
+
+The figure modules import the measuring modules they draw (and with them torch) inside the
+functions that need them, so that ``import mpguide.plots`` loads neither torch nor matplotlib.
 """
 
 from mpguide.plots.autocast import policy_map

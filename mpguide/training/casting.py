@@ -14,7 +14,7 @@ import torch
 
 from mpguide import MPGuideError
 from mpguide.core import device as _device
-from mpguide.core import dtypes
+from mpguide.core import dtypes, state
 from mpguide.core.table import Table
 from mpguide.training.autograd import BACKWARD, DtypeLog, grad_graph
 
@@ -60,8 +60,6 @@ class Conversion:
 
 
 def _cast(lin: torch.nn.Linear, method: str, dtype: torch.dtype) -> None:
-    from mpguide.core import state
-
     with state.preserved():
         if method == "data":
             for p in lin.parameters():
