@@ -8,6 +8,7 @@ Arguments after ``--`` pass through to the tool: ``nox -s tests -- -k policy``,
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def docs(session: nox.Session) -> None:
-    """Build the HTML site into build/html; with ``-- serve`` rebuild and reload on change."""
+    """Build the HTML site into build/html; with ``-- serve`` rebuild and reload on change.
+
+    A whole build (no arguments) ends with the CPU rehearsal of the GPU run's harvest
+    (docs/gpu_site.sh): every example's output and seconds into build/gallery_rehearsal/,
+    failing unless every example passed, and each chapter's slowest example."""
     _install(session, "docs")
     args = list(session.posargs)
     out = BUILD / "html"
@@ -143,6 +148,13 @@ def docs(session: nox.Session) -> None:
         env=env,
     )
     session.log(f"the site is at {out / 'index.html'}")
+    if not args:  # every example ran: rehearse the GPU build's harvest on them (gpu_site.sh)
+        rehearsal = BUILD / "gallery_rehearsal"
+        shutil.rmtree(rehearsal, ignore_errors=True)
+        harvest = ("harvest", "--out", str(rehearsal), "--command", "nox -s docs", "--allow-cpu")
+        session.run("python", "docs/gallery_recordings.py", *harvest, env=env)
+        (manifest,) = rehearsal.glob("*.json")
+        session.run("python", "docs/gallery_recordings.py", "times", str(manifest), env=env)
 
 
 @nox.session(default=False)
