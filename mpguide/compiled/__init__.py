@@ -1,3 +1,4 @@
 """``torch.compile``: the graphs backends run and their dtype flow (``graphs``), backends
-against float64 (``backends``) and what the compile logs say (``compile_logs``).
+against float64 (``backends``), what the compile logs say (``compile_logs``) and what
+inductor's generated code computes in (``generated_code``).
 """
