@@ -30,13 +30,14 @@ device.describe(cpu)
 # %%
 # How many nats of train/serve logprob gap does each precision knob cost?
 # -----------------------------------------------------------------------
-# Asked in `OpenRLHF#1155 <https://github.com/OpenRLHF/OpenRLHF/issues/1155>`__ ("Don't use
-# bf16 for RL, but fp16"), `prime-rl#2438 <https://github.com/PrimeIntellect-ai/prime-rl/pull/2438>`__
-# (an fp32 ``lm_head`` in vLLM "for stable logprobs"),
+# Asked in `OpenRLHF#1155 <https://github.com/OpenRLHF/OpenRLHF/issues/1155>`__ ("Don't Use
+# bf16 for RL, but fp16"),
+# `torchforge#513 <https://github.com/meta-pytorch/torchforge/issues/513>`__ ("Enable AMP for
+# fp16 training - train/inference mismatch"),
+# `prime-rl#2438 <https://github.com/PrimeIntellect-ai/prime-rl/pull/2438>`__ (an fp32
+# ``lm_head`` in vLLM "for stable logprobs") and
 # `Fast-LLM#525 <https://github.com/ServiceNow/Fast-LLM/pull/525>`__ (the gap across engines,
-# per knob), `torchforge#513 <https://github.com/meta-pytorch/torchforge/issues/513>`__ and
-# `miles#1554 <https://github.com/radixark/miles/issues/1554>`__ (the temperature on each
-# side). A trainer recomputes the logprobs of tokens a serving engine sampled; the ratio
+# per knob). A trainer recomputes the logprobs of tokens a serving engine sampled; the ratio
 # ``exp(logp_trainer - logp_server)`` weighs each token's update. Here both sides run the same
 # float32 weights of a tiny LM (:class:`mpguide.training.logprob_gap.TinyLM`, built in code):
 # the trainer under autocast, the server with the weights cast, as engines load them. Every
@@ -135,7 +136,7 @@ print(f"bf16 on the CPU picks the flash SDPA kernel by default: {default_is_flas
 # `sglang#38695 <https://github.com/sgl-project/sglang/issues/38695>`__ (one gate layer with
 # a bf16 matmul that writes float32),
 # `Megatron-LM#2741 <https://github.com/NVIDIA/Megatron-LM/issues/2741>`__ and
-# `maxtext#5293 <https://github.com/AI-Hypercomputer/maxtext/issues/5293>`__. A router of 128
+# `maxtext#5293 <https://github.com/AI-Hypercomputer/maxtext/pull/5293>`__. A router of 128
 # experts choosing 8, with bf16 hidden states and weights as a served model has them; each way
 # of computing the logits against the float64 logits of the same bf16 inputs:
 x = torch.randn(4096, 1024, generator=gen).bfloat16()

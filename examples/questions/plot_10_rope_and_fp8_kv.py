@@ -102,9 +102,9 @@ print(f"at offset 65,536 bf16 angles leave {far[f'distinct of {WINDOW}']} distin
 # %%
 # How much does an fp8 KV cache lose without calibrated scales?
 # -------------------------------------------------------------
-# Asked in `sgl-cookbook#237 <https://github.com/sgl-project/sgl-cookbook/issues/237>`__,
-# `sglang#20705 <https://github.com/sgl-project/sglang/issues/20705>`__,
-# `verl#4435 <https://github.com/verl-project/verl/issues/4435>`__ and
+# Asked in `sgl-cookbook#237 <https://github.com/sgl-project/sgl-cookbook/pull/237>`__
+# (SGLang "falls back to a scale of 1.0" when a checkpoint has no calibrated KV scales),
+# `verl#4435 <https://github.com/verl-project/verl/pull/4435>`__ and
 # `vllm#11906 <https://github.com/vllm-project/vllm/pull/11906>`__ (scales computed from the
 # first batch: "the effect is most visible on models with dynamic value ranges outside of the
 # scope of fp8e4m3"). Engines store K and V in ``float8_e4m3fn`` divided by a scale: 1.0 when

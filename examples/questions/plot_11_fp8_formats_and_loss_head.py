@@ -31,10 +31,9 @@ FN, FNUZ = fp8_variants.FN, fp8_variants.FNUZ
 # %%
 # Why do my fp8 weights read half as large, or NaN, on MI300?
 # -----------------------------------------------------------
-# Asked in `uccl#804 <https://github.com/uccl-project/uccl/issues/804>`__,
-# `vllm#33179 <https://github.com/vllm-project/vllm/issues/33179>`__,
-# `vllm#33713 <https://github.com/vllm-project/vllm/issues/33713>`__ and
-# `FBGEMM#4280 <https://github.com/pytorch/FBGEMM/issues/4280>`__: MI300 computes in
+# Asked in `uccl#804 <https://github.com/uccl-project/uccl/pull/804>`__,
+# `vllm#33179 <https://github.com/vllm-project/vllm/pull/33179>`__ and
+# `FBGEMM#4280 <https://github.com/pytorch/FBGEMM/pull/4280>`__: MI300 computes in
 # ``float8_e4m3fnuz``, NVIDIA GPUs and MI350 in ``float8_e4m3fn``, and checkpoints are mostly
 # fn. Both variants as torch defines them, and every one of the 256 byte codes read both ways:
 Table(("", "float8_e4m3fn", "float8_e4m3fnuz"),
@@ -113,7 +112,7 @@ print(f"reading the bytes: every weight halved and {naive['NaN weights']} NaN; c
 # %%
 # Fused or chunked linear and cross-entropy: which dtype, what error, how much memory?
 # ------------------------------------------------------------------------------------
-# Asked in `Liger-Kernel#830 <https://github.com/linkedin/Liger-Kernel/issues/830>`__,
+# Asked in `Liger-Kernel#830 <https://github.com/linkedin/Liger-Kernel/pull/830>`__,
 # `marin#8217 <https://github.com/marin-community/marin/pull/8217>`__ ("a bfloat16
 # activation times a bfloat16 head emitted bfloat16 logits, while the backward already
 # requested float32"), `Automodel#3907 <https://github.com/NVIDIA-NeMo/Automodel/issues/3907>`__

@@ -251,10 +251,11 @@ print(f"on torch {torch.__version__}: unregistered, the op gets bf16 + float32 a
 # %%
 # Is Flash Attention used when my model is loaded in float32?
 # -----------------------------------------------------------
-# Asked in `EasyR1#571 <https://github.com/hiyouga/EasyR1/issues/571>`__ and
-# `verl#1498 <https://github.com/verl-project/verl/issues/1498>`__: transformers warns "Flash
-# Attention 2 only supports torch.float16 and torch.bfloat16 dtypes, but the current dtype in
-# Qwen2_5_VLModel is torch.float32" when the actor is loaded in float32 (FSDP then casts it
+# Asked in `EasyR1#571 <https://github.com/hiyouga/EasyR1/issues/571>`__ (transformers warns
+# "Flash Attention 2 only supports torch.float16 and torch.bfloat16 dtypes, but the current dtype
+# in Qwen2_5_VLModel is torch.float32") and
+# `verl#1498 <https://github.com/verl-project/verl/issues/1498>`__ (the same warning for
+# Qwen3ForCausalLM), when the actor is loaded in float32 (FSDP then casts it
 # with its policy, or autocast wraps the step). A small Llama built from a config, with
 # ``attn_implementation="sdpa"``, loaded in float32, run without and with autocast, and
 # loaded in bf16; the dtype ``scaled_dot_product_attention`` ran in (its result's dtype, after

@@ -33,7 +33,7 @@ device.describe(dev)
 # Asked in `triton#9080 <https://github.com/triton-lang/triton/pull/9080>`__ (Triton's
 # default float32 dot precision changed to TF32x3), `triton#10176
 # <https://github.com/triton-lang/triton/issues/10176>`__ ("When upcasting bf16 to fp32 inside
-# the kernel, triton uses TF32 path despite I pass input_precision='ieee'") and
+# the kernel, triton uses TF32 path despite I pass input_precision="ieee"") and
 # `pytorch#188998 <https://github.com/pytorch/pytorch/pull/188998>`__ (bf16 matmuls under
 # ``max-autotune`` accumulating in bf16 on Hopper). A float32 matmul and a bf16 row sum,
 # compiled by inductor for this device with each value of the oneDNN matmul switch; what the

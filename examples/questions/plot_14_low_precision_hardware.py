@@ -31,8 +31,8 @@ f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
 # Why does my diffusion model's VAE give black images in fp16?
 # ------------------------------------------------------------
 # Asked in `Z-Image#14 <https://github.com/Tongyi-MAI/Z-Image/issues/14>`__ ("Running the model
-# in the torch.float16 either in comfyui or diffusers results in pure black image ... latent
-# contains only nan values. float32 works") and `Step1X-Edit#53
+# in the torch.float16 either in comfyui or diffusers results in pure black image. float32
+# works as intended"; its latents contain "only nan values") and `Step1X-Edit#53
 # <https://github.com/stepfun-ai/Step1X-Edit/issues/53>`__. A decoder of four residual blocks
 # read through GroupNorm, with a 2x upsampling, whose late blocks add large updates to the
 # stream (as trained VAE decoders' do), decoding one seeded latent in float32, float16,
@@ -91,8 +91,8 @@ print(f"finite runs, max |image error| / max |image| vs float32: bf16 {error(by[
 # BF16 on CPU slows down model more than 2X"), `pytorch#118499
 # <https://github.com/pytorch/pytorch/issues/118499>`__ ("the code with ``torch.autocast`` is
 # 2 orders of magnitude slower") and `TabPFN#1122 <https://github.com/PriorLabs/TabPFN/pull/1122>`__
-# ("CPU autocast runs in bfloat16, which is only faster than float32 on CPUs with native bf16
-# support"). This machine's bf16 instruction sets, as the kernel reports them:
+# (bf16 autocast turned on only "on CPUs with native bf16 acceleration"). This machine's bf16
+# instruction sets, as the kernel reports them:
 from mpguide.core import cpu_bf16
 
 flags = cpu_bf16.cpu_flags()
