@@ -31,11 +31,11 @@ FN, FNUZ = fp8_variants.FN, fp8_variants.FNUZ
 # %%
 # Why do my fp8 weights read half as large, or NaN, on MI300?
 # -----------------------------------------------------------
-# Asked in `uccl#804 <https://github.com/uccl-project/uccl/pull/804>`__,
-# `vllm#33179 <https://github.com/vllm-project/vllm/pull/33179>`__ and
-# `FBGEMM#4280 <https://github.com/pytorch/FBGEMM/pull/4280>`__: MI300 computes in
-# ``float8_e4m3fnuz``, NVIDIA GPUs and MI350 in ``float8_e4m3fn``, and checkpoints are mostly
-# fn. Both variants as torch defines them, and every one of the 256 byte codes read both ways:
+# Asked in `uccl#804 <https://github.com/uccl-project/uccl/pull/804>`__ and
+# `FBGEMM#4280 <https://github.com/pytorch/FBGEMM/pull/4280>`__, and got the other way round
+# in `vllm#33179 <https://github.com/vllm-project/vllm/pull/33179>`__ (a closed pull request
+# that gave MI350 fnuz). As FBGEMM#4280 says, MI300 computes in ``float8_e4m3fnuz``, NVIDIA
+# GPUs and MI350 in ``float8_e4m3fn``, and checkpoints are mostly fn. Both variants as torch defines them, and every one of the 256 byte codes read both ways:
 Table(("", "float8_e4m3fn", "float8_e4m3fnuz"),
       (("largest value", torch.finfo(FN).max, torch.finfo(FNUZ).max),
        ("smallest normal", torch.finfo(FN).tiny, torch.finfo(FNUZ).tiny)),
