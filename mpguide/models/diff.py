@@ -179,8 +179,11 @@ class Diff:
         out.append(
             f"|local - inherited| <= total <= local + inherited held for {held} of {of} ops "
             f"(tolerance {TOLERANCE:g} relative)"
-            + (f"; median total / (local + inherited) {self.tightness:.3g}" if self.tightness
-               else "")
+            + (
+                f"; median total / (local + inherited) {self.tightness:.3g}"
+                if self.tightness
+                else ""
+            )
         )
         return out
 
@@ -194,8 +197,9 @@ class Diff:
         shown = rows if limit is None else rows[:limit]
         notes = [*self.findings(), *self.notes, legend]
         if len(shown) < len(rows):
-            notes.append(f"... {len(rows) - len(shown)} more rows not shown ({len(shown)} of "
-                         f"{len(rows)})")
+            notes.append(
+                f"... {len(rows) - len(shown)} more rows not shown ({len(shown)} of {len(rows)})"
+            )
         return Table(columns, tuple(shown), f"{view}: {self.caption}", tuple(notes))
 
     def _sources(self):
@@ -203,26 +207,50 @@ class Diff:
         for phase in (FORWARD, CAST, BACKWARD):
             for s in self.sources(phase):
                 last = s.ops[-1]
-                rows.append((phase[:3], s.module or "(root)", s.line, s.names, s.local,
-                             max(o.local for o in s.ops), last.inherited, last.total))
+                rows.append(
+                    (
+                        phase[:3],
+                        s.module or "(root)",
+                        s.line,
+                        s.names,
+                        s.local,
+                        max(o.local for o in s.ops),
+                        last.inherited,
+                        last.total,
+                    )
+                )
         rows.sort(key=lambda r: -r[4])
         return (
             ("#", "pass", "module", "line", "ops", "local", "worst op", "inherited", "total"),
             [(i, *r) for i, r in enumerate(rows, 1)],
-            "local: the sum of its ops' local errors (what each adds fed exact inputs); worst "
-            "op: the largest; inherited and total: of its last op's output; errors are "
-            "‖error‖ / ‖ref‖ against the shadow",
+            (
+                "local: the sum of its ops' local errors (what each adds fed exact inputs); worst "
+                "op: the largest; inherited and total: of its last op's output; errors are "
+                "‖error‖ / ‖ref‖ against the shadow"
+            ),
         )
 
     def _ops(self):
         ranked = sorted((o for o in self.ops if o.local is not None), key=lambda o: -o.local)
         return (
             ("op", "pass", "module", "line", "local", "inherited", "total"),
-            [(o.op.removeprefix("aten."), o.phase[:3], recorder.label((o.module, o.call)),
-              o.line, o.local, o.inherited, o.total) for o in ranked],
-            "local: ‖t - b‖ / ‖a‖, what the op adds fed exact inputs; inherited: ‖b - a‖ / "
-            "‖a‖; total: ‖t - a‖ / ‖a‖ (t: the run's output, a: the shadow's, b: the op in "
-            f"{dtypes.name(self.reference)} on the run's inputs)",
+            [
+                (
+                    o.op.removeprefix("aten."),
+                    o.phase[:3],
+                    recorder.label((o.module, o.call)),
+                    o.line,
+                    o.local,
+                    o.inherited,
+                    o.total,
+                )
+                for o in ranked
+            ],
+            (
+                "local: ‖t - b‖ / ‖a‖, what the op adds fed exact inputs; inherited: ‖b - a‖ / "
+                "‖a‖; total: ‖t - a‖ / ‖a‖ (t: the run's output, a: the shadow's, b: the op in "
+                f"{dtypes.name(self.reference)} on the run's inputs)"
+            ),
         )
 
     def _modules(self):
@@ -230,9 +258,11 @@ class Diff:
         return (
             ("module", "type", "ops", "created", "worst op", "in err", "out err"),
             [(m.label, m.kind, m.ops, m.created, m.worst, m.input, m.output) for m in ranked],
-            "created: the sum of the local errors of the forward ops it ran (its submodules' "
-            "too); worst op: the largest; in err, out err: its first floating input and its "
-            "output against the shadow, ‖error‖ / ‖ref‖",
+            (
+                "created: the sum of the local errors of the forward ops it ran (its submodules' "
+                "too); worst op: the largest; in err, out err: its first floating input and its "
+                "output against the shadow, ‖error‖ / ‖ref‖"
+            ),
         )
 
     def _grads(self):
@@ -261,8 +291,10 @@ def final_tensor(out: Any) -> torch.Tensor:
     """The tensor the final error is measured on: the logits, else the first floating one."""
     found = logits_of(out)
     if found is None:
-        found = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)
-                      and t.is_floating_point()), None)
+        found = next(
+            (t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()),
+            None,
+        )
     if found is None:
         raise MPGuideError("the model's output holds no floating tensor to compare")
     return found
@@ -315,12 +347,14 @@ def rounded(model, low_model, inputs, low_inputs) -> list[tuple[str, str, Any, A
     and floating input whose dtype the cast changed."""
     found = []
     for kind in ("named_parameters", "named_buffers"):
-        for (name, low), (_, exact) in zip(getattr(low_model, kind)(), getattr(model, kind)(),
-                                           strict=True):
+        for (name, low), (_, exact) in zip(
+            getattr(low_model, kind)(), getattr(model, kind)(), strict=True
+        ):
             if low.dtype != exact.dtype and exact.is_floating_point():
                 found.append((name, name.rpartition(".")[0], low, exact))
-    for i, (low, exact) in enumerate(zip(tree_leaves(low_inputs), tree_leaves(inputs),
-                                         strict=True)):
+    for i, (low, exact) in enumerate(
+        zip(tree_leaves(low_inputs), tree_leaves(inputs), strict=True)
+    ):
         if isinstance(low, torch.Tensor) and low.dtype != exact.dtype:
             found.append((f"input {i}", "", low, exact))
     return found
@@ -364,15 +398,16 @@ def diff(
         ref_final = shadow.shadow_of(final)
         grads: list[torch.Tensor | None] = []
         if backward:
-            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)
-                    and t.requires_grad]
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             if outs and params:
                 gen = torch.Generator(device=target.device).manual_seed(seed)
-                seeds = [torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
-                         for o in outs]
-                grads = list(torch.autograd.grad(
-                    outs, [p for _, p in params], seeds, allow_unused=True
-                ))
+                seeds = [
+                    torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
+                    for o in outs
+                ]
+                grads = list(
+                    torch.autograd.grad(outs, [p for _, p in params], seeds, allow_unused=True)
+                )
             else:
                 notes.append("no backward pass: nothing the output depends on requires grad")
     seconds = time.perf_counter() - start
@@ -384,8 +419,9 @@ def diff(
     if logprobs is None:
         logprobs = logits_of(out) is not None
     if reference != torch.float64:
-        notes.append(f"the reference is {dtypes.name(reference)}: errors below its rounding "
-                     "are not seen")
+        notes.append(
+            f"the reference is {dtypes.name(reference)}: errors below its rounding are not seen"
+        )
     return Diff(
         type(model).__name__,
         run.removeprefix("under "),
@@ -413,10 +449,19 @@ def _module_errors(shadow: Shadow, ops: tuple[OpError, ...]) -> tuple[ModuleErro
         first, end, into, out = shadow.spans[s.key]
         inside = forward[bisect_left(index, first) : bisect_left(index, end)]
         local = [o.local for o in inside if o.local is not None]
-        found.append(ModuleError(
-            s.name, s.index, s.kind, s.depth, sum(local), max(local, default=0.0),
-            _ratio(into), _ratio(out), len(inside),
-        ))
+        found.append(
+            ModuleError(
+                s.name,
+                s.index,
+                s.kind,
+                s.depth,
+                sum(local),
+                max(local, default=0.0),
+                _ratio(into),
+                _ratio(out),
+                len(inside),
+            )
+        )
     return tuple(found)
 
 

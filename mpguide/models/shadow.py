@@ -27,6 +27,7 @@ An op that the reference dtype has no kernel for ends the run with one line nami
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,11 +83,13 @@ class OpError:
         """Whether ``|local − inherited| ≤ total ≤ local + inherited`` holds, within
         :data:`TOLERANCE` (``None`` where an error is unknown or not finite)."""
         nums = (self.local, self.inherited, self.total)
-        if any(x is None or x != x or x in (float("inf"),) for x in nums):
+        if any(x is None or not math.isfinite(x) for x in nums):
             return None
         slack = TOLERANCE * (self.local + self.inherited) + 1e-300
-        return abs(self.local - self.inherited) - slack <= self.total <= (
-            self.local + self.inherited + slack
+        return (
+            abs(self.local - self.inherited) - slack
+            <= self.total
+            <= (self.local + self.inherited + slack)
         )
 
 
@@ -116,9 +119,9 @@ def _is_internal(code) -> bool:
     found = _internal.get(code)
     if found is None:
         parts = Path(code.co_filename).parts
-        found = _internal[code] = (
-            any(p in _INTERNAL for p in parts[-4:-1]) or code.co_filename.startswith("<frozen")
-        )
+        found = _internal[code] = any(
+            p in _INTERNAL for p in parts[-4:-1]
+        ) or code.co_filename.startswith("<frozen")
     return found
 
 
@@ -161,7 +164,8 @@ class Shadow(Recorder):
     def _of(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
         found = self.shadows.get(t)
         if found is None:
-            found = (upcast(t, self.reference), True)
+            up = upcast(t, self.reference)
+            found = (up.clone() if up is t and t.is_floating_point() else up, True)
             self.shadows[t] = found
         return found
 
@@ -172,8 +176,15 @@ class Shadow(Recorder):
                 ref = upcast(exact.detach(), self.reference)
                 self.shadows[low] = (ref, False)
                 stats = _norms(upcast(low.detach(), self.reference), ref, ref)
-                self._add(CAST, module, 0, name, "to " + str(low.dtype).removeprefix("torch."),
-                          stats, low.numel())
+                self._add(
+                    CAST,
+                    module,
+                    0,
+                    name,
+                    "to " + str(low.dtype).removeprefix("torch."),
+                    stats,
+                    low.numel(),
+                )
 
     def _pre(self, module, args, kwargs, name) -> None:
         super()._pre(module, args, kwargs, name)
@@ -190,8 +201,14 @@ class Shadow(Recorder):
 
     def _value(self, value: Any) -> Any:
         """The error of the first floating tensor of ``value``: ``‖a‖, 0, 0, ‖t − a‖``."""
-        first = next((t for t in tree_leaves(value)
-                      if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+        first = next(
+            (
+                t
+                for t in tree_leaves(value)
+                if isinstance(t, torch.Tensor) and t.is_floating_point()
+            ),
+            None,
+        )
         if first is None or not first.numel():
             return None
         with torch.no_grad():
@@ -241,10 +258,14 @@ class Shadow(Recorder):
                 self.shadows[t] = (upcast(t, ref), True)
             return
         flat, spec = tree_flatten((args, kwargs))
+        mutable = func._schema.is_mutable
         a_flat, exact = [], True
         for v in flat:
             if isinstance(v, torch.Tensor):
                 s, e = self._of(v)
+                if mutable and s is v:  # shared with the run (an integer tensor): not twice
+                    s = v.clone()
+                    self.shadows[v] = (s, e)
                 a_flat.append(s)
                 exact = exact and e
             else:
@@ -282,35 +303,92 @@ class Shadow(Recorder):
         if exact:
             b = a
         else:
-            b_flat = [upcast(v, ref) if isinstance(v, torch.Tensor) else _ref_dtype(v, ref)
-                      for v in flat]
+            b_flat = (
+                [_fresh(v, ref) for v in flat]
+                if mutable
+                else [
+                    upcast(v, ref) if isinstance(v, torch.Tensor) else _ref_dtype(v, ref)
+                    for v in flat
+                ]
+            )
             b_args, b_kwargs = tree_unflatten(b_flat, spec)
-            b_out = func(*b_args, **b_kwargs)
-            b = _cat([upcast(v, ref) for v, (lo, _) in zip(
-                [x for x in tree_leaves(b_out) if isinstance(x, torch.Tensor)], zip(outs, a_outs),
-                strict=True) if lo.is_floating_point()])
+            b_outs = [
+                v for v in tree_leaves(func(*b_args, **b_kwargs)) if isinstance(v, torch.Tensor)
+            ]
+            b = _cat(
+                [
+                    upcast(v, ref)
+                    for v, lo in zip(b_outs, outs, strict=True)
+                    if lo.is_floating_point()
+                ]
+            )
         self._add(phase, module, call, line, op, _norms(t, b, a), t.numel())
 
     def errors(self) -> list[OpError]:
         """Every op recorded, with its errors (one transfer from the device for all)."""
         stats = [p[6] for p in self._pending]
         tensors = [s for s in stats if isinstance(s, torch.Tensor)]
-        values = torch.stack([s.reshape(-1)[:4].double().cpu() if s.numel() >= 4
-                              else torch.cat([s.reshape(-1).double().cpu(),
-                                              torch.zeros(4 - s.numel(), dtype=torch.float64)])
-                              for s in tensors]).tolist() if tensors else []
+        values = (
+            torch.stack(
+                [
+                    s.reshape(-1)[:4].double().cpu()
+                    if s.numel() >= 4
+                    else torch.cat(
+                        [
+                            s.reshape(-1).double().cpu(),
+                            torch.zeros(4 - s.numel(), dtype=torch.float64),
+                        ]
+                    )
+                    for s in tensors
+                ]
+            ).tolist()
+            if tensors
+            else []
+        )
         found = iter(values)
         out = []
         for index, op, phase, module, call, line, s, n in self._pending:
             row = next(found) if isinstance(s, torch.Tensor) else None
             if n == 0:  # an integer or index output: how many values differ
-                out.append(OpError(index, op, phase, module, call, line, None, None, None, 0,
-                                   int(row[0]) if row else None))
+                out.append(
+                    OpError(
+                        index,
+                        op,
+                        phase,
+                        module,
+                        call,
+                        line,
+                        None,
+                        None,
+                        None,
+                        0,
+                        int(row[0]) if row else None,
+                    )
+                )
                 continue
             norm, local, inherited, total = row
-            out.append(OpError(index, op, phase, module, call, line,
-                               *_relative(norm, local, inherited, total), n))
+            out.append(
+                OpError(
+                    index,
+                    op,
+                    phase,
+                    module,
+                    call,
+                    line,
+                    *_relative(norm, local, inherited, total),
+                    n,
+                )
+            )
         return out
+
+
+def _fresh(v: Any, ref: torch.dtype) -> Any:
+    """An argument for the op on the run's inputs upcast, never the run's own tensor (the op
+    may write to it)."""
+    if not isinstance(v, torch.Tensor):
+        return _ref_dtype(v, ref)
+    up = upcast(v, ref)
+    return up.clone() if up is v else up
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -331,5 +409,3 @@ def _relative(norm: float, *errors: float) -> tuple[float, ...]:
     if norm > 0:
         return tuple(e / norm for e in errors)
     return tuple(0.0 if e == 0 else float("inf") for e in errors)
-
-
