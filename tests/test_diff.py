@@ -208,7 +208,7 @@ class InPlace(nn.Module):
     def forward(self, x):
         self.steps.add_(1)
         y = self.lin(x)
-        y.mul_(3)
+        y.mul_(2)  # exact in any binary format: no local error
         return y
 
 

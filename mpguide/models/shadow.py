@@ -222,12 +222,16 @@ class Shadow(Recorder):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         if self._paused or func.namespace in IGNORED_NAMESPACES:
-            return out
+            return func(*args, **kwargs)
+        before = None
+        if func._schema.is_mutable:  # the run's inputs upcast before the op writes to them
+            with torch.no_grad():
+                before = [_fresh(v, self.reference) for v in tree_leaves((args, kwargs))]
+        out = func(*args, **kwargs)
         self.record(func, args, kwargs, out)
         with torch.no_grad():
-            self._shadow(func, args, kwargs, out)
+            self._shadow(func, args, kwargs, out, before)
         return out
 
     def _where(self) -> tuple[str, str, int, str]:
@@ -247,7 +251,7 @@ class Shadow(Recorder):
             return phase, "", 0, line
         return phase, seen.name, seen.index, line
 
-    def _shadow(self, func, args: tuple, kwargs: dict, out: Any) -> None:
+    def _shadow(self, func, args: tuple, kwargs: dict, out: Any, before: list | None) -> None:
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not outs:
             return
@@ -304,7 +308,7 @@ class Shadow(Recorder):
             b = a
         else:
             b_flat = (
-                [_fresh(v, ref) for v in flat]
+                before
                 if mutable
                 else [
                     upcast(v, ref) if isinstance(v, torch.Tensor) else _ref_dtype(v, ref)
