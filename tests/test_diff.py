@@ -220,3 +220,31 @@ def test_in_place_ops_run_once_on_the_run_and_once_on_the_shadow(reference):
     assert int(model.steps) == 1
     mul = next(o for o in found.ops if o.op == "aten.mul_.Tensor")
     assert mul.local == 0 and mul.inherited > 0
+
+
+def test_the_fix_list_keeps_the_planted_op_first_and_recovers_its_share():
+    from mpguide.models import fixes
+
+    model, x = net()
+    found = diff.diff(model, x, dtype=torch.float32)
+    fixed = fixes.fix_list(model, x, found, 3, dtype=torch.float32, repeat=1)
+    first = fixed.steps[0]
+    assert first.module == "planted"
+    # Kept in float32, the planted rounding goes: what is left is float32's own error.
+    assert fixed.drop(0) > 0.99 and first.error < 1e-6 < fixed.error
+    assert first.casts == -1  # the rounding cast to float16 is one conversion fewer
+    assert fixed.sentence().startswith("in float32, of the output error: keep planted")
+
+
+def test_under_autocast_keeping_both_matmuls_leaves_only_float32_logprob_error():
+    from mpguide.models import fixes
+
+    torch.manual_seed(0)
+    model, ids = Tied(), torch.randint(0, 50, (2, 5))
+    found = diff.diff(model, ids, autocast=torch.bfloat16)
+    fixed = fixes.fix_list(model, ids, found, 2, autocast=torch.bfloat16, repeat=1)
+    assert fixed.logprob is not None and {s.module for s in fixed.steps} == {"head", "mix"}
+    total = sum(fixed.drop(i) for i in range(len(fixed.steps)))
+    # Both matmuls in float32: only float32's rounding is left of the log-probability error.
+    assert total > 0.99 and fixed.steps[-1].logprob < 1e-5
+    assert all(len(line) <= 100 for line in fixed.table().to_text(100).splitlines())

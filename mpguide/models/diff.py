@@ -120,6 +120,8 @@ class Diff:
     machine: _device.Machine
     seconds: float
     notes: tuple[str, ...] = ()
+    reference_output: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    """The reference's final output (the tensor :attr:`output` is measured on)."""
 
     def sources(self, phase: str = FORWARD) -> list[Source]:
         """Sources of ``phase`` (forward, backward, or cast for what was rounded before the
@@ -433,6 +435,7 @@ def diff(
         target.describe(),
         seconds,
         tuple(notes),
+        ref_final.detach(),
     )
 
 
