@@ -83,7 +83,8 @@ class Source:
         """Its ops by name, with counts: ``_to_copy×2, mm``."""
         counts: dict[str, int] = defaultdict(int)
         for o in self.ops:
-            counts[o.op.removeprefix("aten.").split(".")[0]] += 1
+            base = o.op if o.phase == CAST else o.op.split(" (")[0].split(".")[1]
+            counts[base] += 1
         return ", ".join(f"{k}×{n}" if n > 1 else k for k, n in counts.items())
 
 

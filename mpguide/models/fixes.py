@@ -3,14 +3,15 @@
 :func:`fix_list` takes the ``k`` forward sources of a :class:`mpguide.models.diff.Diff` that
 create the most error (a source is a module call's line of the reader's code) and re-runs the
 model with the ops of each kept in float32 (:class:`Keep`): their low-precision floating
-inputs are upcast to float32 and a low-precision ``dtype`` argument (autocast's casts) becomes
+inputs are upcast to float32 and a narrower floating ``dtype`` argument (autocast's casts) becomes
 float32; under autocast the result stays float32, in a model cast whole it is cast back to the
 model's dtype so the next op sees the dtypes it expects. An op that writes to its input is left
 as it is. Each source is tried alone, then they are applied one after another, the one that
 buys most first. For each step: the final output's error against the diff's reference (and the
 log-probability error in nats for a language model), the share of the first error removed, and
 the cost: the extra casts, the bytes they write, and the run's time against the same run with
-nothing kept (both in the same dispatch mode, the median of ``repeat`` runs).
+nothing kept (both in the same dispatch mode, the median of ``repeat`` runs after
+one untimed).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from mpguide.models import recorder
 from mpguide.models.memory import size_text
 from mpguide.models.shadow import readers_line
 
-LOW = (torch.bfloat16, torch.float16)
-"""The dtypes a kept op's inputs are upcast from."""
+
+def _narrow(dt: torch.dtype) -> bool:
+    """A floating dtype narrower than float32: what a kept op's inputs are upcast from."""
+    return dt.is_floating_point and dt.itemsize < 4
 
 
 class Keep(recorder.Recorder):
@@ -54,10 +57,10 @@ class Keep(recorder.Recorder):
         self.bytes += out.numel() * out.element_size()
 
     def _up(self, v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.dtype in LOW:
+        if isinstance(v, torch.Tensor) and _narrow(v.dtype):
             v = v.float()
             self._wrote(v)
-        elif isinstance(v, torch.dtype) and v in LOW:
+        elif isinstance(v, torch.dtype) and _narrow(v):
             return torch.float32
         return v
 
@@ -204,7 +207,7 @@ def fix_list(
     def run(kept: set[tuple[str, str]]) -> tuple[_diff.Output, int, int, float]:
         keep = Keep(low_model, kept, dtype)
         times = []
-        for _ in range(max(repeat, 1)):
+        for _ in range(max(repeat, 1) + 1):  # the first run warms up, untimed
             keep.casts = keep.bytes = 0
             sync()
             start = time.perf_counter()
@@ -217,6 +220,7 @@ def fix_list(
                 out = low_model(*args, **kwargs)
             sync()
             times.append(time.perf_counter() - start)
+        times = times[1:]
         final = _diff.output_error(_diff.final_tensor(out), found.reference_output, logprobs)
         return final, keep.casts, keep.bytes, statistics.median(times)
 

@@ -234,22 +234,24 @@ class Shadow(Recorder):
             self._shadow(func, args, kwargs, out, before)
         return out
 
-    def _where(self) -> tuple[str, str, int, str]:
-        """The phase, module, call and reader's line of the op running now."""
+    def _where(self) -> tuple[str, str, int, str, str]:
+        """The phase, module, call and reader's line of the op running now, and its autograd
+        node's name in the backward pass (the line is its forward op's)."""
         node = torch._C._current_autograd_node()
         if node is None:
             seen = self.stack[-1] if self.stack else None
-            line = readers_line()
+            line, node_name = readers_line(), ""
             self._lines.setdefault(torch._C._autograd._get_sequence_nr() - 1, line)
             phase = FORWARD
         else:
             nr = node._sequence_nr()
             seen = self._owner(nr)
-            line = self._lines.get(nr, "unknown") + f" ({node.name()})"
+            line = self._lines.get(nr, "unknown")
+            node_name = node.name()
             phase = BACKWARD
         if seen is None:
-            return phase, "", 0, line
-        return phase, seen.name, seen.index, line
+            return phase, "", 0, line, node_name
+        return phase, seen.name, seen.index, line, node_name
 
     def _shadow(self, func, args: tuple, kwargs: dict, out: Any, before: list | None) -> None:
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -292,8 +294,8 @@ class Shadow(Recorder):
         if name.startswith(_EMPTY):
             return
         floating = [(t, s) for t, s in zip(outs, a_outs, strict=True) if t.is_floating_point()]
-        phase, module, call, line = self._where()
-        op = name.removesuffix(".default")
+        phase, module, call, line, node = self._where()
+        op = name.removesuffix(".default") + (f" ({node})" if node else "")
         if not floating:
             same = [(t, s) for t, s in zip(outs, a_outs, strict=True) if t.shape == s.shape]
             if same and not exact and outs[0].dtype != torch.bool:
