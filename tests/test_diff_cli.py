@@ -67,9 +67,9 @@ def test_text_ranks_the_planted_source_first_and_fits(run, monkeypatch):
     rows = [line.split() for line in lines if line[:1].isdigit()]
     assert next(r for r in rows if r[1] == "for")[2] == "planted"
     text = " ".join(proc.stdout.split())  # notes wrapped to the width, unwrapped
-    assert "largest source: planted at diff_factories.py:12 (_to_copy×2)" in text
+    assert "largest source: planted at diff_factories.py:8 (_to_copy×2)" in text
     assert "fix list: Elementwise, autocast to bfloat16" in text
-    assert "keep planted (diff_factories.py:12)" in text
+    assert "keep planted (diff_factories.py:8)" in text
 
 
 def test_json_holds_the_ranking_and_the_fix_list(run):
