@@ -5,7 +5,8 @@ create the most error (a source is a module call's line of the reader's code) an
 model with the ops of each kept in float32 (:class:`Keep`): their low-precision floating
 inputs are upcast to float32 and a narrower floating ``dtype`` argument (autocast's casts) becomes
 float32; under autocast the result stays float32, in a model cast whole it is cast back to the
-model's dtype so the next op sees the dtypes it expects. An op that writes to its input is left
+dtype the op returns unkept (found on meta tensors) so the next op sees the dtypes it expects,
+and the parameters and buffers the op reads are the model's own, before the cast. An op that writes to its input is left
 as it is. Each source is tried alone, then they are applied one after another, the one that
 buys most first. For each step: the final output's error against the diff's reference (and the
 log-probability error in nats for a language model), the share of the first error removed, and
@@ -23,7 +24,9 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
+from torch.utils.weak import WeakTensorKeyDictionary
 
+from mpguide import MPGuideError
 from mpguide.core import device as _device
 from mpguide.core import dtypes, timing
 from mpguide.core.dtypes import IGNORED_NAMESPACES
@@ -45,10 +48,15 @@ class Keep(recorder.Recorder):
     and the bytes they write."""
 
     def __init__(
-        self, model: torch.nn.Module, kept: set[tuple[str, str]], back: torch.dtype | None
+        self,
+        model: torch.nn.Module,
+        kept: set[tuple[str, str]],
+        back: torch.dtype | None,
+        exact: WeakTensorKeyDictionary | None = None,
     ):
         super().__init__(model, None, None)
         self.kept, self.back = kept, back
+        self.exact = WeakTensorKeyDictionary() if exact is None else exact
         self.casts = 0
         self.bytes = 0
 
@@ -58,17 +66,27 @@ class Keep(recorder.Recorder):
 
     def _up(self, v: Any) -> Any:
         if isinstance(v, torch.Tensor) and _narrow(v.dtype):
-            v = v.float()
+            found = self.exact.get(v)
+            v = v.float() if found is None else found.float()
             self._wrote(v)
         elif isinstance(v, torch.dtype) and _narrow(v):
             return torch.float32
         return v
 
-    def _down(self, v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.dtype == torch.float32 and self.back is not None:
-            v = v.to(self.back)
+    def _down(self, v: Any, dtype: Any) -> Any:
+        if isinstance(v, torch.Tensor) and isinstance(dtype, torch.dtype) and v.dtype != dtype:
+            v = v.to(dtype)
             self._wrote(v)
         return v
+
+    def _expected(self, func, args: tuple, kwargs: dict) -> Any:
+        """The dtypes ``func`` returns on these arguments, from its meta kernel; where it has
+        none, the model's dtype for every floating output."""
+        meta = tree_map(_on_meta, (args, kwargs))
+        try:
+            return tree_map(_dtype, func(*meta[0], **meta[1]))
+        except (RuntimeError, NotImplementedError):
+            return self.back
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -80,7 +98,10 @@ class Keep(recorder.Recorder):
             and torch._C._current_autograd_node() is None
             and ((self.stack[-1].name if self.stack else ""), readers_line()) in self.kept
         )
+        expected = None
         if keep:
+            if self.back is not None:  # the dtypes the op returns unkept, for the next op
+                expected = self._expected(func, args, kwargs)
             args, kwargs = tree_map(self._up, (args, kwargs))
         out = func(*args, **kwargs)
         i = dtypes.source_index(str(func))
@@ -88,7 +109,25 @@ class Keep(recorder.Recorder):
             src = args[i]
             if src.dtype != out.dtype and src.is_floating_point() and out.is_floating_point():
                 self._wrote(out)
-        return tree_map(self._down, out) if keep else out
+        if expected is None:
+            return out
+        if isinstance(expected, torch.dtype):
+            return tree_map(lambda v: self._down(v, expected if _floating(v) else None), out)
+        return tree_map(self._down, out, expected)
+
+
+def _on_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.to("meta")
+    return torch.device("meta") if isinstance(v, torch.device) else v
+
+
+def _floating(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
+
+
+def _dtype(v: Any) -> Any:
+    return v.dtype if isinstance(v, torch.Tensor) else None
 
 
 @dataclass(frozen=True)
@@ -190,6 +229,7 @@ def fix_list(
     found: _diff.Diff,
     k: int = 3,
     *,
+    sources: tuple[tuple[str, str], ...] = (),
     autocast: torch.dtype | str | None = None,
     dtype: torch.dtype | str | None = None,
     device: _device.Target | torch.device | str | None = None,
@@ -197,15 +237,19 @@ def fix_list(
     progress: recorder.Say | None = None,
 ) -> FixList:
     """The fix list of the ``k`` worst forward sources of ``found`` (a diff of the same model,
-    inputs and precision); see the module's docstring."""
+    inputs and precision) and of the ``sources`` named (``(module, line)`` pairs, as
+    :attr:`mpguide.models.diff.Source` names them); see the module's docstring."""
     target, autocast, dtype, _, _, low_model, args, kwargs = _diff.prepare(
         model, inputs, autocast, dtype, device, False
     )
     logprobs = found.output.logprob is not None
+    exact = WeakTensorKeyDictionary()
+    for _, _, low, original in _diff.rounded(model, low_model, (), ()):
+        exact[low] = original.detach()
     sync = timing.synchronizer(target.device)
 
     def run(kept: set[tuple[str, str]]) -> tuple[_diff.Output, int, int, float]:
-        keep = Keep(low_model, kept, dtype)
+        keep = Keep(low_model, kept, dtype, exact)
         times = []
         for _ in range(max(repeat, 1) + 1):  # the first run warms up, untimed
             keep.casts = keep.bytes = 0
@@ -226,7 +270,16 @@ def fix_list(
 
     base, base_casts, base_bytes, base_time = run(set())
     first = base.logprob if logprobs else base.error
-    candidates = [s for s in found.sources() if s.local > 0][:k]
+    every = found.sources()
+    candidates = [s for s in every if s.local > 0][:k]
+    for where in sources:
+        named = [s for s in every if (s.module, s.line) == tuple(where)]
+        if not named:
+            raise MPGuideError(
+                f"no forward source {where[0] or '(root)'} at {where[1]} in the diff"
+            )
+        if named[0] not in candidates:
+            candidates.append(named[0])
     alone = {}
     for s in candidates:
         out = run({(s.module, s.line)})[0]
@@ -257,7 +310,7 @@ def fix_list(
     ]
     if found.sources(_diff.CAST):
         notes.append(
-            "parameters rounded by the cast to the model's dtype are not kept: "
-            "run under autocast to keep them in float32"
+            "a kept op reads the parameters and buffers as they were before the cast to the "
+            "model's dtype; the rounded ones are not sources the list tries by themselves"
         )
     return FixList(found.model, found.run, base.error, base.logprob, tuple(steps), tuple(notes))
