@@ -5,7 +5,8 @@ create the most error (a source is a module call's line of the reader's code) an
 model with the ops of each kept in float32 (:class:`Keep`): their low-precision floating
 inputs are upcast to float32 and a narrower floating ``dtype`` argument (autocast's casts) becomes
 float32; under autocast the result stays float32, in a model cast whole it is cast back to the
-dtype the op returns unkept (found on meta tensors) so the next op sees the dtypes it expects,
+dtype the op returns unkept (found on meta tensors; the model's dtype where that is narrower) so
+the next op sees the dtypes it expects,
 and the parameters and buffers the op reads are the model's own, before the cast. An op that writes to its input is left
 as it is. Each source is tried alone, then they are applied one after another, the one that
 buys most first. For each step: the final output's error against the diff's reference (and the
@@ -74,7 +75,13 @@ class Keep(recorder.Recorder):
         return v
 
     def _down(self, v: Any, dtype: Any) -> Any:
-        if isinstance(v, torch.Tensor) and isinstance(dtype, torch.dtype) and v.dtype != dtype:
+        """``v`` in the dtype the op returns unkept, or the model's where that is narrower
+        (an op that casts to a narrower format is what is kept)."""
+        if not isinstance(dtype, torch.dtype) or self.back is None:
+            return v
+        if dtype.is_floating_point and dtype.itemsize < self.back.itemsize:
+            dtype = self.back
+        if isinstance(v, torch.Tensor) and v.dtype != dtype:
             v = v.to(dtype)
             self._wrote(v)
         return v
