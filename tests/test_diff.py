@@ -248,3 +248,44 @@ def test_under_autocast_keeping_both_matmuls_leaves_only_float32_logprob_error()
     # Both matmuls in float32: only float32's rounding is left of the log-probability error.
     assert total > 0.99 and fixed.steps[-1].logprob < 1e-5
     assert all(len(line) <= 100 for line in fixed.table().to_text(100).splitlines())
+
+
+@pytest.mark.slow
+def test_the_chapter_pages_planted_hazard_ranks_first_and_the_fix_recovers_its_share():
+    """The model of examples/model/plot_03: the page states that keeping the planted rounding
+    in float32 removes more than half of the log-probability error."""
+    from pathlib import Path
+
+    from mpguide.models import fixes
+
+    page = Path(__file__).parents[1] / "examples/model/plot_03_where_the_error_comes_from.py"
+    source = page.read_text()  # the page's factory only: running the page would run it all
+    factory = source[source.index("class RoundsToFloat8") : source.index("model, inputs = make()")]
+    scope = {"torch": torch, "nn": nn, "transformers": pytest.importorskip("transformers")}
+    exec(factory, scope)  # noqa: S102 -- the page's own factory, so the test follows the page
+    model, inputs = scope["make"]()
+    found = diff.diff(model, inputs, autocast=torch.bfloat16)
+    assert found.sources(FORWARD)[0].module == "model.norm.1"
+    fixed = fixes.fix_list(model, inputs, found, 1, autocast=torch.bfloat16, repeat=1)
+    assert fixed.steps[0].module == "model.norm.1" and fixed.drop(0) > 0.5
+
+
+def test_the_error_budget_draws_received_and_created_per_module():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mpguide.plots import models as model_plots
+
+    model, x = net()
+    found = diff.diff(model, x, dtype=torch.float32)
+    fig, ax = plt.subplots()
+    assert model_plots.error_budget(found, modules=["a", "planted", "b"], ax=ax) is fig
+    bars = list(ax.patches)
+    assert len(bars) == 6  # received and created for each of three calls
+    created = {m.name: m.created for m in found.modules}
+    assert bars[4].get_height() == pytest.approx(created["planted"])
+    with pytest.raises(MPGuideError, match="no module 'c'"):
+        model_plots.error_budget(found, modules=["c"])
+    plt.close("all")
