@@ -289,3 +289,24 @@ def test_the_error_budget_draws_received_and_created_per_module():
     with pytest.raises(MPGuideError, match="no module 'c'"):
         model_plots.error_budget(found, modules=["c"])
     plt.close("all")
+
+
+class Router(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(32, 128, bias=False)
+
+    def forward(self, x):
+        weights, experts = self.gate(x).softmax(-1).topk(8)
+        return weights * experts.float()
+
+
+def test_a_router_whose_top_k_changes_is_counted():
+    torch.manual_seed(0)
+    found = diff.diff(Router(), torch.randn(256, 32), autocast=torch.bfloat16)
+    topk = next(o for o in found.ops if o.op == "aten.topk")
+    # topk returns values and indices: its values are compared as floats, its indices are not.
+    assert topk.local is not None
+    gathered = [o for o in found.ops if o.changed]
+    assert gathered[0] is topk and 0 < topk.changed < topk.whole == 256 * 8
+    assert any("differ from the shadow's" in line for line in found.findings())

@@ -178,6 +178,14 @@ class Diff:
                 f"largest source: {s.module or '(root)'} at {s.line} ({s.names}), local "
                 f"error {s.local:.3g}"
             )
+        flipped = [o for o in self.ops if o.changed]
+        if flipped:
+            o = flipped[0]
+            out.append(
+                f"{len(flipped)} ops returned integers or booleans that differ from the "
+                f"shadow's; the first: {o.op.removeprefix('aten.')} in {o.module or '(root)'} "
+                f"at {o.line}, {o.changed} of {o.whole} values (top-k indices, masks)"
+            )
         held, of = self.closure
         out.append(
             f"|local - inherited| <= total <= local + inherited held for {held} of {of} ops "

@@ -71,7 +71,11 @@ class OpError:
     inherited: float | None
     total: float | None
     values: int
+    """How many floating values its errors are over (0: it returned none)."""
     changed: int | None = None
+    """How many of the integers or booleans it returned (top-k indices, a mask) differ from
+    the shadow's, of :attr:`whole` (``None`` where its inputs were the shadow's)."""
+    whole: int = 0
 
     @property
     def source(self) -> tuple[str, str]:
@@ -175,7 +179,9 @@ class Shadow(Recorder):
             for name, module, low, exact in pairs:
                 ref = upcast(exact.detach(), self.reference)
                 self.shadows[low] = (ref, False)
-                stats = _norms(upcast(low.detach(), self.reference), ref, ref)
+                stats = torch.cat(
+                    [_norms(upcast(low.detach(), self.reference), ref, ref), ref.new_zeros(2)]
+                )
                 self._add(
                     CAST,
                     module,
@@ -217,6 +223,8 @@ class Shadow(Recorder):
             return _norms(t, a, a) if t.shape == a.shape else None
 
     def _add(self, phase, module, call, line, op, stats, values) -> None:
+        """Record one op: ``stats`` as :func:`_norms` gives them, then how many integer or
+        boolean values differ and of how many; ``values`` the floating values compared."""
         self._pending.append((self._index, op, phase, module, call, line, stats, values))
         self._index += 1
 
@@ -293,14 +301,22 @@ class Shadow(Recorder):
             self.shadows[t] = (s, keeps_exact)
         if name.startswith(_EMPTY):
             return
-        floating = [(t, s) for t, s in zip(outs, a_outs, strict=True) if t.is_floating_point()]
+        pairs = list(zip(outs, a_outs, strict=True))
+        floating = [(t, s) for t, s in pairs if t.is_floating_point()]
+        whole = [(t, s) for t, s in pairs if not t.is_floating_point() and t.shape == s.shape]
         phase, module, call, line, node = self._where()
         op = name.removesuffix(".default") + (f" ({node})" if node else "")
+        counted = torch.zeros(2, dtype=torch.float64, device=outs[0].device)
+        if whole and not exact:  # integers or booleans: how many differ, of how many
+            changed = sum((t != s).sum() for t, s in whole)
+            counted = torch.stack(
+                [changed.double(), counted.new_tensor(sum(t.numel() for t, _ in whole))]
+            )
         if not floating:
-            same = [(t, s) for t, s in zip(outs, a_outs, strict=True) if t.shape == s.shape]
-            if same and not exact and outs[0].dtype != torch.bool:
-                changed = sum((t != s).sum() for t, s in same)
-                self._add(phase, module, call, line, op, changed, 0)
+            if whole and not exact:
+                self._add(
+                    phase, module, call, line, op, torch.cat([counted.new_zeros(4), counted]), 0
+                )
             return
         t = _cat([upcast(t, ref) for t, _ in floating])
         a = _cat([s for _, s in floating])
@@ -328,62 +344,21 @@ class Shadow(Recorder):
                     if lo.is_floating_point()
                 ]
             )
-        self._add(phase, module, call, line, op, _norms(t, b, a), t.numel())
+        self._add(phase, module, call, line, op, torch.cat([_norms(t, b, a), counted]), t.numel())
 
     def errors(self) -> list[OpError]:
         """Every op recorded, with its errors (one transfer from the device for all)."""
-        stats = [p[6] for p in self._pending]
-        tensors = [s for s in stats if isinstance(s, torch.Tensor)]
-        values = (
-            torch.stack(
-                [
-                    s.reshape(-1)[:4].double().cpu()
-                    if s.numel() >= 4
-                    else torch.cat(
-                        [
-                            s.reshape(-1).double().cpu(),
-                            torch.zeros(4 - s.numel(), dtype=torch.float64),
-                        ]
-                    )
-                    for s in tensors
-                ]
-            ).tolist()
-            if tensors
-            else []
-        )
-        found = iter(values)
+        if not self._pending:
+            return []
+        rows = torch.stack([p[6].double().cpu() for p in self._pending]).tolist()
         out = []
-        for index, op, phase, module, call, line, s, n in self._pending:
-            row = next(found) if isinstance(s, torch.Tensor) else None
-            if n == 0:  # an integer or index output: how many values differ
-                out.append(
-                    OpError(
-                        index,
-                        op,
-                        phase,
-                        module,
-                        call,
-                        line,
-                        None,
-                        None,
-                        None,
-                        0,
-                        int(row[0]) if row else None,
-                    )
-                )
-                continue
-            norm, local, inherited, total = row
+        for (index, op, phase, module, call, line, _, n), row in zip(
+            self._pending, rows, strict=True
+        ):
+            errors = _relative(*row[:4]) if n else (None, None, None)
+            changed = int(row[4]) if row[5] else None
             out.append(
-                OpError(
-                    index,
-                    op,
-                    phase,
-                    module,
-                    call,
-                    line,
-                    *_relative(norm, local, inherited, total),
-                    n,
-                )
+                OpError(index, op, phase, module, call, line, *errors, n, changed, int(row[5]))
             )
         return out
 
