@@ -267,4 +267,4 @@ if has_debug_mode:
 #    :torchdoc:`notes/extending.html` (``__torch_dispatch__``),
 #    :torchapi:`torch.autocast`, :torchapi:`torch.autograd.grad`,
 #    :torchapi:`torch.nn.Module.register_forward_pre_hook`,
-#    ``torch.utils._debug_mode.DebugMode`` (private, torch 2.9 and later)
+#    ``torch.utils._debug_mode.DebugMode`` (a private module)

@@ -245,7 +245,7 @@ def fix_list(
 ) -> FixList:
     """The fix list of the ``k`` worst forward sources of ``found`` (a diff of the same model,
     inputs and precision) and of the ``sources`` named (``(module, line)`` pairs, as
-    :attr:`mpguide.models.diff.Source` names them); see the module's docstring."""
+    :class:`mpguide.models.diff.Source` names them); see the module's docstring."""
     target, autocast, dtype, _, _, low_model, args, kwargs = _diff.prepare(
         model, inputs, autocast, dtype, device, False
     )
