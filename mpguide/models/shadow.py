@@ -179,18 +179,10 @@ class Shadow(Recorder):
             for name, module, low, exact in pairs:
                 ref = upcast(exact.detach(), self.reference)
                 self.shadows[low] = (ref, False)
-                stats = torch.cat(
-                    [_norms(upcast(low.detach(), self.reference), ref, ref), ref.new_zeros(2)]
-                )
-                self._add(
-                    CAST,
-                    module,
-                    0,
-                    name,
-                    "to " + str(low.dtype).removeprefix("torch."),
-                    stats,
-                    low.numel(),
-                )
+                t = low.detach() if low.element_size() > 1 else upcast(low, self.reference)
+                stats = torch.cat([_norms(t, ref, ref), ref.new_zeros(2)])
+                to = "to " + str(low.dtype).removeprefix("torch.")
+                self._add(CAST, module, 0, name, to, stats, low.numel())
 
     def _pre(self, module, args, kwargs, name) -> None:
         super()._pre(module, args, kwargs, name)
@@ -219,7 +211,7 @@ class Shadow(Recorder):
             return None
         with torch.no_grad():
             a = self._of(first)[0]
-            t = upcast(first.detach(), self.reference)
+            t = first.detach() if first.element_size() > 1 else upcast(first, self.reference)
             return _norms(t, a, a) if t.shape == a.shape else None
 
     def _add(self, phase, module, call, line, op, stats, values) -> None:
@@ -296,11 +288,10 @@ class Shadow(Recorder):
         a_outs = [t for t in tree_leaves(a_out) if isinstance(t, torch.Tensor)]
         if len(a_outs) != len(outs):
             return
-        keeps_exact = exact and func.is_view
         for t, s in zip(outs, a_outs, strict=True):
-            self.shadows[t] = (s, keeps_exact)
-        if name.startswith(_EMPTY):
-            return
+            self.shadows[t] = (s, exact and func.is_view)
+        if func.is_view or name.startswith(_EMPTY):
+            return  # a view computes nothing, unwritten memory has no error
         pairs = list(zip(outs, a_outs, strict=True))
         floating = [(t, s) for t, s in pairs if t.is_floating_point()]
         whole = [(t, s) for t, s in pairs if not t.is_floating_point() and t.shape == s.shape]
@@ -318,7 +309,7 @@ class Shadow(Recorder):
                     phase, module, call, line, op, torch.cat([counted.new_zeros(4), counted]), 0
                 )
             return
-        t = _cat([upcast(t, ref) for t, _ in floating])
+        t = _cat([t if t.element_size() > 1 else upcast(t, ref) for t, _ in floating])
         a = _cat([s for _, s in floating])
         if t.shape != a.shape:
             return
@@ -337,13 +328,7 @@ class Shadow(Recorder):
             b_outs = [
                 v for v in tree_leaves(func(*b_args, **b_kwargs)) if isinstance(v, torch.Tensor)
             ]
-            b = _cat(
-                [
-                    upcast(v, ref)
-                    for v, lo in zip(b_outs, outs, strict=True)
-                    if lo.is_floating_point()
-                ]
-            )
+            b = _cat([v for v, lo in zip(b_outs, outs, strict=True) if lo.is_floating_point()])
         self._add(phase, module, call, line, op, torch.cat([_norms(t, b, a), counted]), t.numel())
 
     def errors(self) -> list[OpError]:
@@ -373,12 +358,14 @@ def _fresh(v: Any, ref: torch.dtype) -> Any:
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
-    return ts[0].reshape(-1) if len(ts) == 1 else torch.cat([t.reshape(-1) for t in ts])
+    """One tensor as it is (a copy of a strided view costs its size), several flattened."""
+    return ts[0] if len(ts) == 1 else torch.cat([t.reshape(-1) for t in ts])
 
 
 def _norms(t: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """``‖a‖, ‖t − b‖, ‖b − a‖, ‖t − a‖`` as one tensor (read once, after the run)."""
-    t, b, a = t.reshape(-1), b.reshape(-1), a.reshape(-1)
+    """``‖a‖, ‖t − b‖, ‖b − a‖, ‖t − a‖`` as one tensor (read once, after the run), in the
+    reference's dtype: ``t``, the run's own, is promoted inside each subtraction, not copied
+    (torch promotes no float8 dtype: those are upcast before)."""
     norm = torch.linalg.vector_norm
     local = norm(t - b)
     inherited = local.new_zeros(()) if b is a else norm(b - a)
