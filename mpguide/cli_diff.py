@@ -23,7 +23,7 @@ HELP = "where your model's error comes from, op by op, and what keeping one op i
 DESCRIPTION = (
     "Run your model in a low precision (under autocast, or cast whole with --pure) and, beside "
     "it, a float64 shadow fed the same values at every op. For every op: its local error (what "
-    "it adds fed exact inputs: the run's output against the op run in float64 on the run's own "
+    "it adds itself: the run's output against the op run in float64 on the run's own "
     "inputs), its inherited error (that float64 result against the shadow's) and its total; "
     "errors are ||error|| / ||ref|| (Euclidean norms), so |local - inherited| <= total <= "
     "local + inherited, checked for every op. Ops are named by module and by the line of your "

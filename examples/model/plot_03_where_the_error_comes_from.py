@@ -5,8 +5,9 @@ Where the error comes from, op by op
 A model in bf16 is off: which op is to blame, and what is the cheapest fix? We run a small
 Qwen2 language model (built from its configuration with ``transformers``, random weights,
 nothing downloaded) with :func:`mpguide.models.diff.diff`: beside the bf16 run, a float64
-shadow is carried op by op, and every op's error is split into what the op adds itself fed
-exact inputs (*local*) and what it received (*inherited*). We plant one hazard, an activation
+shadow is carried op by op, and every op's error is split into what the op adds itself (*local*:
+its output against the exact result on the inputs it was given) and what it received
+(*inherited*). We plant one hazard, an activation
 rounded to float8, and meet a real one, rotary position embeddings at position 8000 in a model
 cast whole to bf16. Then :func:`mpguide.models.fixes.fix_list` keeps the worst sources in
 float32 and measures what that buys, and PyTorch's own ``DebugMode`` runs on the same model for

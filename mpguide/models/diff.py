@@ -235,7 +235,7 @@ class Diff:
             ("#", "pass", "module", "line", "ops", "local", "worst op", "inherited", "total"),
             [(i, *r) for i, r in enumerate(rows, 1)],
             (
-                "local: the sum of its ops' local errors (what each adds fed exact inputs); worst "
+                "local: the sum of its ops' local errors (what each adds itself); worst "
                 "op: the largest; inherited and total: of its last op's output; errors are "
                 "‖error‖ / ‖ref‖ against the shadow"
             ),
@@ -258,7 +258,7 @@ class Diff:
                 for o in ranked
             ],
             (
-                "local: ‖t - b‖ / ‖a‖, what the op adds fed exact inputs; inherited: ‖b - a‖ / "
+                "local: ‖t - b‖ / ‖a‖, what the op adds itself; inherited: ‖b - a‖ / "
                 "‖a‖; total: ‖t - a‖ / ‖a‖ (t: the run's output, a: the shadow's, b: the op in "
                 f"{dtypes.name(self.reference)} on the run's inputs)"
             ),

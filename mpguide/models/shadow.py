@@ -11,7 +11,8 @@ run in the target precision it also runs the op in the reference dtype (float64)
 With ``t`` the op's output in the run and norms the Euclidean norm over every floating output
 value, the errors are relative to the reference's norm ``‖a‖``:
 
-- *local* ``‖t − b‖ / ‖a‖``: what this op adds when fed its inputs exactly;
+- *local* ``‖t − b‖ / ‖a‖``: what this op adds itself, its rounding of the exact result on
+  the inputs it was given;
 - *inherited* ``‖b − a‖ / ‖a‖``: what it received from its inputs, carried through it;
 - *total* ``‖t − a‖ / ‖a‖``.
 
@@ -20,7 +21,10 @@ Since ``t − a = (t − b) + (b − a)``, the triangle inequality bounds the to
 allowed in the check. Where every input of an op is exactly the shadow's (parameters under
 autocast, the model's inputs, views of them), (b) is (a) and is not run again.
 
-Ops whose result is random (dropout's mask, ``randn``) give the shadow the run's own values.
+Views (``t``, ``view``, ``expand``) compute nothing and are not recorded: the shadow carries
+them. Ops whose result is random (dropout's mask, ``randn``) give the shadow the run's own
+values. Integers and booleans an op returns (top-k indices, masks) are counted where they differ
+from the shadow's.
 An op that the reference dtype has no kernel for ends the run with one line naming it
 (:class:`NoReferenceKernel`).
 """
