@@ -201,6 +201,7 @@ def bench(session: nox.Session) -> None:
     _install(session)
     session.run("python", "benchmarks/trace_casts.py", *session.posargs)
     session.run("python", "benchmarks/model_report.py")
+    session.run("python", "benchmarks/diff.py")
     session.install("HolisticTraceAnalysis")
     session.run("python", "benchmarks/hta_kernels.py")
 

@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 
-from mpguide import MPGuideError, __version__
+from mpguide import MPGuideError, __version__, cli_diff
 from mpguide.core import output, terminal
 from mpguide.core.readers_code import NOT_THE_READERS, SPEC
 from mpguide.core.readers_code import factory as _factory
@@ -731,6 +731,8 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_format(s, says="; csv: the notes go to stderr")
     s.set_defaults(run=_model)
+
+    cli_diff.add(sub, _add_format)
     return p
 
 

@@ -1,12 +1,14 @@
-"""The your-model chapter: the per-module report's error, call by call."""
+"""The your-model chapter: the per-module report's error, call by call, and the error budget of
+a diff (what each layer receives and what it creates)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from mpguide import MPGuideError
 from mpguide.plots.style import (
+    INK,
     LOST_COLOUR,
     SERIES_COLOURS,
     SMALL,
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from mpguide.models.diff import Diff
     from mpguide.models.per_module import Report
 
 
@@ -81,5 +84,56 @@ def module_errors(
     ax.grid(True, axis="y", alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     legend_below(fig, ax, own, handles, ncol=len(handles))
+    heading(fig, ax, own, title)
+    return fig
+
+
+def error_budget(
+    found: Diff, *, modules: Sequence[str] | None = None, title: str = "", ax: Axes | None = None
+) -> Figure:
+    """Where the error of each layer comes from, one stacked bar per module call: the error it
+    received (its first floating input against the float64 shadow) below, the error its own
+    ops create (the sum of their local errors) on top, and a dot at the error it returns.
+    ``modules``: the qualified names to draw (each call of each); default: the numbered
+    children of the model's longest list of modules (``model.layers.0``, ...), else the
+    model's children."""
+    import re
+
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    calls = list(found.modules)
+    if modules is None:
+        numbered = [m for m in calls if re.search(r"\.\d+$", m.name)]
+        depths = sorted({m.depth for m in numbered})
+        chosen = [m for m in numbered if depths and m.depth == depths[0]]
+        chosen = chosen or [m for m in calls if m.depth == 1]
+    else:
+        unknown = [n for n in modules if n not in {m.name for m in calls}]
+        if unknown:
+            raise MPGuideError(f"no module {unknown[0]!r} ran in this diff")
+        chosen = [m for m in calls if m.name in modules]
+    if not chosen:
+        raise MPGuideError("no module calls to draw")
+    labels = [m.label for m in chosen]
+    received = [m.input or 0.0 for m in chosen]
+    created = [m.created for m in chosen]
+    returned = [m.output if m.output is not None else float("nan") for m in chosen]
+    fig, ax, own = axes(ax, (max(6.0, 0.6 * len(chosen) + 3), 4.4))
+    x = range(len(chosen))
+    ax.bar(x, received, color=SERIES_COLOURS[0], width=0.6, gid="inherited")
+    ax.bar(x, created, bottom=received, color=SERIES_COLOURS[1], width=0.6, gid="created")
+    ax.plot(x, returned, "o", color=INK, ms=5, gid="returned")
+    ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=SMALL)
+    ax.set_ylabel("‖error‖ / ‖float64 ref‖", fontsize=TEXT)
+    ax.tick_params(axis="y", labelsize=TEXT)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    handles = [
+        Patch(color=SERIES_COLOURS[0], label="inherited: error of its input"),
+        Patch(color=SERIES_COLOURS[1], label="created: sum of its ops' local errors"),
+        Line2D([], [], color=INK, marker="o", ls="none", label="error of its output"),
+    ]
+    legend_below(fig, ax, own, handles, ncol=3)
     heading(fig, ax, own, title)
     return fig

@@ -1,0 +1,383 @@
+"""A float64 shadow carried op by op beside a low-precision run, and each op's error split.
+
+:class:`Shadow` is a dispatch mode (a :class:`mpguide.models.recorder.Recorder`, so module
+calls, ops and casts are counted as ``mpguide model`` counts them). For every aten op of the
+run in the target precision it also runs the op in the reference dtype (float64) twice:
+
+- (a) on the shadow's own inputs: the values of the same model run in float64 throughout,
+  carried tensor by tensor, so (a) is the exact reference;
+- (b) on the run's own inputs, upcast: what the op would return if it did not round.
+
+With ``t`` the op's output in the run and norms the Euclidean norm over every floating output
+value, the errors are relative to the reference's norm ``‖a‖``:
+
+- *local* ``‖t − b‖ / ‖a‖``: what this op adds itself, its rounding of the exact result on
+  the inputs it was given;
+- *inherited* ``‖b − a‖ / ‖a‖``: what it received from its inputs, carried through it;
+- *total* ``‖t − a‖ / ‖a‖``.
+
+Since ``t − a = (t − b) + (b − a)``, the triangle inequality bounds the total on both sides:
+``|local − inherited| ≤ total ≤ local + inherited``; :data:`TOLERANCE` is the float64 rounding
+allowed in the check. Where every input of an op is exactly the shadow's (parameters under
+autocast, the model's inputs, views of them), (b) is (a) and is not run again.
+
+Views (``t``, ``view``, ``expand``) compute nothing and are not recorded: the shadow carries
+them. Ops whose result is random (dropout's mask, ``randn``) give the shadow the run's own
+values. Integers and booleans an op returns (top-k indices, masks) are counted where they differ
+from the shadow's.
+An op that the reference dtype has no kernel for ends the run with one line naming it
+(:class:`NoReferenceKernel`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from mpguide import MPGuideError, error_line
+from mpguide.core.dtypes import IGNORED_NAMESPACES
+from mpguide.models.recorder import Recorder, Say
+from mpguide.training.autograd import BACKWARD, FORWARD
+
+TOLERANCE = 1e-9
+"""Relative slack of the check ``total ≤ local + inherited`` (float64 rounding of the norms)."""
+
+CAST = "cast"
+"""The phase of the model's parameters, buffers and inputs rounded before the run
+(``--pure``): each is a source of error with no op of its own."""
+
+_EMPTY = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_strided")
+"""Ops that return memory unwritten: no error of their own."""
+
+
+class NoReferenceKernel(MPGuideError):
+    """An op of the model that the reference dtype cannot run."""
+
+
+@dataclass(frozen=True)
+class OpError:
+    """One op of the run, where it ran, and its error against the shadow."""
+
+    index: int
+    op: str
+    phase: str
+    module: str
+    call: int
+    line: str
+    local: float | None
+    inherited: float | None
+    total: float | None
+    values: int
+    """How many floating values its errors are over (0: it returned none)."""
+    changed: int | None = None
+    """How many of the integers or booleans it returned (top-k indices, a mask) differ from
+    the shadow's, of :attr:`whole` (``None`` where its inputs were the shadow's)."""
+    whole: int = 0
+
+    @property
+    def source(self) -> tuple[str, str]:
+        """Where a reader fixes it: the module and the line of the reader's code."""
+        return self.module, self.line
+
+    @property
+    def closes(self) -> bool | None:
+        """Whether ``|local − inherited| ≤ total ≤ local + inherited`` holds, within
+        :data:`TOLERANCE` (``None`` where an error is unknown or not finite)."""
+        nums = (self.local, self.inherited, self.total)
+        if any(x is None or not math.isfinite(x) for x in nums):
+            return None
+        slack = TOLERANCE * (self.local + self.inherited) + 1e-300
+        return (
+            abs(self.local - self.inherited) - slack
+            <= self.total
+            <= (self.local + self.inherited + slack)
+        )
+
+
+def upcast(t: Any, ref: torch.dtype) -> Any:
+    """A floating tensor in ``ref`` (a complex one in ``ref``'s complex dtype); anything else
+    as it is."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.is_floating_point():
+        return t.to(ref)
+    if t.is_complex():
+        return t.to(torch.complex128 if ref == torch.float64 else torch.complex64)
+    return t
+
+
+def _ref_dtype(v: Any, ref: torch.dtype) -> Any:
+    if isinstance(v, torch.dtype) and v.is_floating_point and v != ref:
+        return ref
+    return v
+
+
+_INTERNAL = ("torch", "mpguide")
+_internal: dict[Any, bool] = {}
+
+
+def _is_internal(code) -> bool:
+    found = _internal.get(code)
+    if found is None:
+        parts = Path(code.co_filename).parts
+        found = _internal[code] = any(
+            p in _INTERNAL for p in parts[-4:-1]
+        ) or code.co_filename.startswith("<frozen")
+    return found
+
+
+def readers_line() -> str:
+    """``file.py:LINE`` of the innermost frame outside torch and mpguide: the reader's line."""
+    f = sys._getframe(1)
+    while f is not None and _is_internal(f.f_code):
+        f = f.f_back
+    if f is None:
+        return "unknown"
+    return f"{Path(f.f_code.co_filename).name}:{f.f_lineno}"
+
+
+class Shadow(Recorder):
+    """The run in the target precision with its float64 shadow, op by op (see the module's
+    docstring). ``rounded``: tensors of the run (parameters, buffers, inputs cast before it)
+    with their exact values and a name, each recorded as a source of error of its own."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        reference: torch.dtype = torch.float64,
+        progress: tuple[Say, str, int | None] | None = None,
+    ):
+        super().__init__(model, None, None, progress)
+        self.reference = reference
+        self.shadows: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self._pending: list[tuple[int, str, str, str, int, str, Any, int]] = []
+        self._lines: dict[int, str] = {}
+        self._index = 0
+        self.spans: dict[tuple[str, int], list] = {}
+        """Each module call: its first op's index, the index after its last, and the norms of
+        its first floating input and of its output."""
+
+    def shadow_of(self, t: torch.Tensor) -> torch.Tensor:
+        """The shadow's value of a tensor of the run (its upcast where the run made it
+        outside the shadow's sight: then it is exact)."""
+        return self._of(t)[0]
+
+    def _of(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        found = self.shadows.get(t)
+        if found is None:
+            up = upcast(t, self.reference)
+            found = (up.clone() if up is t and t.is_floating_point() else up, True)
+            self.shadows[t] = found
+        return found
+
+    def rounded(self, pairs: list[tuple[str, str, torch.Tensor, torch.Tensor]]) -> None:
+        """Tensors of the run rounded before it: ``(name, module, low, exact)`` each."""
+        with torch.no_grad():
+            for name, module, low, exact in pairs:
+                ref = upcast(exact.detach(), self.reference)
+                self.shadows[low] = (ref, False)
+                t = low.detach() if low.element_size() > 1 else upcast(low, self.reference)
+                stats = torch.cat([_norms(t, ref, ref), ref.new_zeros(2)])
+                to = "to " + str(low.dtype).removeprefix("torch.")
+                self._add(CAST, module, 0, name, to, stats, low.numel())
+
+    def _pre(self, module, args, kwargs, name) -> None:
+        super()._pre(module, args, kwargs, name)
+        with self._aside():
+            seen = self.stack[-1]
+            self.spans[seen.key] = [self._index, None, self._value((args, kwargs)), None]
+
+    def _post(self, module, args, kwargs, output) -> None:
+        key = self.stack[-1].key
+        with self._aside():
+            span = self.spans[key]
+            span[1], span[3] = self._index, self._value(output)
+        super()._post(module, args, kwargs, output)
+
+    def _value(self, value: Any) -> Any:
+        """The error of the first floating tensor of ``value``: ``‖a‖, 0, 0, ‖t − a‖``."""
+        first = next(
+            (
+                t
+                for t in tree_leaves(value)
+                if isinstance(t, torch.Tensor) and t.is_floating_point()
+            ),
+            None,
+        )
+        if first is None or not first.numel():
+            return None
+        with torch.no_grad():
+            a = self._of(first)[0]
+            t = first.detach() if first.element_size() > 1 else upcast(first, self.reference)
+            return _norms(t, a, a) if t.shape == a.shape else None
+
+    def _add(self, phase, module, call, line, op, stats, values) -> None:
+        """Record one op: ``stats`` as :func:`_norms` gives them, then how many integer or
+        boolean values differ and of how many; ``values`` the floating values compared."""
+        self._pending.append((self._index, op, phase, module, call, line, stats, values))
+        self._index += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._paused or func.namespace in IGNORED_NAMESPACES:
+            return func(*args, **kwargs)
+        before = None
+        if func._schema.is_mutable:  # the run's inputs upcast before the op writes to them
+            with torch.no_grad():
+                before = [_fresh(v, self.reference) for v in tree_leaves((args, kwargs))]
+        out = func(*args, **kwargs)
+        self.record(func, args, kwargs, out)
+        with torch.no_grad():
+            self._shadow(func, args, kwargs, out, before)
+        return out
+
+    def _where(self) -> tuple[str, str, int, str, str]:
+        """The phase, module, call and reader's line of the op running now, and its autograd
+        node's name in the backward pass (the line is its forward op's)."""
+        node = torch._C._current_autograd_node()
+        if node is None:
+            seen = self.stack[-1] if self.stack else None
+            line, node_name = readers_line(), ""
+            self._lines.setdefault(torch._C._autograd._get_sequence_nr() - 1, line)
+            phase = FORWARD
+        else:
+            nr = node._sequence_nr()
+            seen = self._owner(nr)
+            line = self._lines.get(nr, "unknown")
+            node_name = node.name()
+            phase = BACKWARD
+        if seen is None:
+            return phase, "", 0, line, node_name
+        return phase, seen.name, seen.index, line, node_name
+
+    def _shadow(self, func, args: tuple, kwargs: dict, out: Any, before: list | None) -> None:
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not outs:
+            return
+        ref = self.reference
+        name = str(func)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            for t in outs:
+                self.shadows[t] = (upcast(t, ref), True)
+            return
+        flat, spec = tree_flatten((args, kwargs))
+        mutable = func._schema.is_mutable
+        a_flat, exact = [], True
+        for v in flat:
+            if isinstance(v, torch.Tensor):
+                s, e = self._of(v)
+                if mutable and s is v:  # shared with the run (an integer tensor): not twice
+                    s = v.clone()
+                    self.shadows[v] = (s, e)
+                a_flat.append(s)
+                exact = exact and e
+            else:
+                a_flat.append(_ref_dtype(v, ref))
+        a_args, a_kwargs = tree_unflatten(a_flat, spec)
+        try:
+            a_out = func(*a_args, **a_kwargs)
+        except (RuntimeError, NotImplementedError, TypeError) as err:
+            raise NoReferenceKernel(
+                f"{name.removesuffix('.default')} has no {str(ref).removeprefix('torch.')} "
+                f"kernel on {outs[0].device.type} here ({error_line(err)}); --reference "
+                "float32 compares against float32 instead"
+            ) from None
+        a_outs = [t for t in tree_leaves(a_out) if isinstance(t, torch.Tensor)]
+        if len(a_outs) != len(outs):
+            return
+        for t, s in zip(outs, a_outs, strict=True):
+            self.shadows[t] = (s, exact and func.is_view)
+        if func.is_view or name.startswith(_EMPTY):
+            return  # a view computes nothing, unwritten memory has no error
+        pairs = list(zip(outs, a_outs, strict=True))
+        floating = [(t, s) for t, s in pairs if t.is_floating_point()]
+        whole = [(t, s) for t, s in pairs if not t.is_floating_point() and t.shape == s.shape]
+        phase, module, call, line, node = self._where()
+        op = name.removesuffix(".default") + (f" ({node})" if node else "")
+        counted = torch.zeros(2, dtype=torch.float64, device=outs[0].device)
+        if whole and not exact:  # integers or booleans: how many differ, of how many
+            changed = sum((t != s).sum() for t, s in whole)
+            counted = torch.stack(
+                [changed.double(), counted.new_tensor(sum(t.numel() for t, _ in whole))]
+            )
+        if not floating:
+            if whole and not exact:
+                self._add(
+                    phase, module, call, line, op, torch.cat([counted.new_zeros(4), counted]), 0
+                )
+            return
+        t = _cat([t if t.element_size() > 1 else upcast(t, ref) for t, _ in floating])
+        a = _cat([s for _, s in floating])
+        if t.shape != a.shape:
+            return
+        if exact:
+            b = a
+        else:
+            b_flat = (
+                before
+                if mutable
+                else [
+                    upcast(v, ref) if isinstance(v, torch.Tensor) else _ref_dtype(v, ref)
+                    for v in flat
+                ]
+            )
+            b_args, b_kwargs = tree_unflatten(b_flat, spec)
+            b_outs = [
+                v for v in tree_leaves(func(*b_args, **b_kwargs)) if isinstance(v, torch.Tensor)
+            ]
+            b = _cat([v for v, lo in zip(b_outs, outs, strict=True) if lo.is_floating_point()])
+        self._add(phase, module, call, line, op, torch.cat([_norms(t, b, a), counted]), t.numel())
+
+    def errors(self) -> list[OpError]:
+        """Every op recorded, with its errors (one transfer from the device for all)."""
+        if not self._pending:
+            return []
+        rows = torch.stack([p[6].double().cpu() for p in self._pending]).tolist()
+        out = []
+        for (index, op, phase, module, call, line, _, n), row in zip(
+            self._pending, rows, strict=True
+        ):
+            errors = _relative(*row[:4]) if n else (None, None, None)
+            changed = int(row[4]) if row[5] else None
+            out.append(
+                OpError(index, op, phase, module, call, line, *errors, n, changed, int(row[5]))
+            )
+        return out
+
+
+def _fresh(v: Any, ref: torch.dtype) -> Any:
+    """An argument for the op on the run's inputs upcast, never the run's own tensor (the op
+    may write to it)."""
+    if not isinstance(v, torch.Tensor):
+        return _ref_dtype(v, ref)
+    up = upcast(v, ref)
+    return up.clone() if up is v else up
+
+
+def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
+    """One tensor as it is (a copy of a strided view costs its size), several flattened."""
+    return ts[0] if len(ts) == 1 else torch.cat([t.reshape(-1) for t in ts])
+
+
+def _norms(t: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``‖a‖, ‖t − b‖, ‖b − a‖, ‖t − a‖`` as one tensor (read once, after the run), in the
+    reference's dtype: ``t``, the run's own, is promoted inside each subtraction, not copied
+    (torch promotes no float8 dtype: those are upcast before)."""
+    norm = torch.linalg.vector_norm
+    local = norm(t - b)
+    inherited = local.new_zeros(()) if b is a else norm(b - a)
+    total = local if b is a else norm(t - a)
+    return torch.stack([norm(a), local, inherited, total])
+
+
+def _relative(norm: float, *errors: float) -> tuple[float, ...]:
+    if norm > 0:
+        return tuple(e / norm for e in errors)
+    return tuple(0.0 if e == 0 else float("inf") for e in errors)
