@@ -329,16 +329,9 @@ def output_error(low: torch.Tensor, ref: torch.Tensor, logprobs: bool) -> Output
 def prepare(model, inputs, autocast, dtype, device, backward):
     """What a run needs, checked: ``(target, autocast, dtype, args, kwargs, low_model,
     low_args, low_kwargs)``, the model copied where it must be cast or moved."""
-    if not isinstance(model, torch.nn.Module):
-        raise MPGuideError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
-    if autocast is not None and dtype is not None:
-        raise MPGuideError("give autocast or dtype, not both")
-    if dtype is None:
-        autocast = dtypes.autocast_dtype(torch.bfloat16 if autocast is None else autocast)
-    else:
-        dtype = dtypes.parse(dtype)
-        if not dtype.is_floating_point or dtype == torch.float64:
-            raise MPGuideError(f"cast to a floating dtype narrower than float64, not {dtype}")
+    autocast, dtype = per_module.precision(model, autocast, dtype)
+    if dtype is not None and (not dtype.is_floating_point or dtype == torch.float64):
+        raise MPGuideError(f"cast to a floating dtype narrower than float64, not {dtype}")
     target = device if isinstance(device, _device.Target) else _device.target(device)
     if target.simulated:
         raise MPGuideError(

@@ -457,6 +457,18 @@ def _legend(r: Report, columns: list[str]) -> str:
     return "; ".join(parts)
 
 
+def precision(model, autocast, dtype) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """The run's precision as ``(autocast dtype, cast dtype)``, one of them None, checked: a
+    module, and autocast or a cast, not both (autocast to bf16 by default)."""
+    if not isinstance(model, torch.nn.Module):
+        raise MPGuideError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
+    if autocast is not None and dtype is not None:
+        raise MPGuideError("give autocast or dtype, not both")
+    if dtype is None:
+        return dtypes.autocast_dtype(torch.bfloat16 if autocast is None else autocast), None
+    return None, dtypes.parse(dtype)
+
+
 def report(
     model: torch.nn.Module,
     inputs: Any,
@@ -477,14 +489,7 @@ def report(
     cast or moved, and its modules' training flags are restored. Before a live run, the
     copies it keeps are checked against the memory the device has
     (:func:`mpguide.models.memory.check`). ``progress`` is told each module call done."""
-    if not isinstance(model, torch.nn.Module):
-        raise MPGuideError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
-    if autocast is not None and dtype is not None:
-        raise MPGuideError("give autocast or dtype, not both")
-    if dtype is None:
-        autocast = dtypes.autocast_dtype(torch.bfloat16 if autocast is None else autocast)
-    else:
-        dtype = dtypes.parse(dtype)
+    autocast, dtype = precision(model, autocast, dtype)
     if dtype == torch.float64:
         raise MPGuideError("the reference is float64 already; cast to a narrower dtype")
     target = device if isinstance(device, _device.Target) else _device.target(device, simulate)
