@@ -94,9 +94,8 @@ print(f"on torch {torch.__version__} ({dev.type}): fp16 overflows to inf, the RM
 # which reaches every logit of the row and the sampler, which refuses NaN probabilities (live
 # on the CPU, asserted above). On a GPU the sampler checks them in a kernel, where a failed
 # check is a device-side assertion that leaves the CUDA context unusable, so on CUDA the page
-# does not sample NaN. A run of this page on an H100 (torch 2.11, ``docs/gpu_pages.sh``) was
-# reported to stop there with the same message; that output is not stored, so it is
-# unverified until the GPU gallery records it.
+# does not sample NaN. The CPU build does not show that path; the GPU gallery run will (once
+# recorded, the site shows the GPU output beside each block).
 # bf16 -> fp16 is the risky direction (a bf16-trained model never had to keep its
 # activations below 65504); fp16 -> bf16 only costs precision (ml-engineering#41). Fixes:
 # serve in bf16; or keep the overflowing modules in float32 (find them with the per-module

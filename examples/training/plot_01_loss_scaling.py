@@ -430,10 +430,9 @@ if not torch.cuda.is_available():
 # bf16 autocast, the running torch (printed above) raises nothing: the scaler multiplies and
 # divides by powers of two, which bf16 does exactly, and the scale is not needed, since bf16
 # flushed no gradient above. Over bf16 weights the CPU's unscale kernel runs too. Whether CUDA's
-# unscale kernel (``_amp_foreach_non_finite_check_and_unscale_cuda``) accepts bf16 gradients is
-# not shown here: a run of this page on an H100 with torch 2.11 was reported to raise
-# ``NotImplementedError`` there, but that output is not stored, so it is unverified until the
-# GPU gallery records it. A scaler made for ``"cuda"`` on a machine without CUDA
+# unscale kernel (``_amp_foreach_non_finite_check_and_unscale_cuda``) accepts bf16 gradients
+# the CPU build does not show; the GPU gallery run will (once recorded, the site shows the
+# GPU output beside each block). A scaler made for ``"cuda"`` on a machine without CUDA
 # switches itself off with a warning, and the loss goes unscaled.
 #
 # What we saw
@@ -453,8 +452,8 @@ if not torch.cuda.is_available():
 #   matched float32's clipped update.
 # - fp16 weights with a scaler raise ``Attempting to unscale FP16 gradients``; bf16 autocast
 #   with a scaler runs in this torch, bf16 weights with a scaler on the CPU (CUDA's unscale
-#   kernel with bf16: unverified until recorded); a ``"cuda"`` scaler without CUDA disables
-#   itself.
+#   kernel with bf16: the GPU gallery run will show it); a ``"cuda"`` scaler without CUDA
+#   disables itself.
 #
 # .. admonition:: References
 #
