@@ -240,12 +240,16 @@ def _split(paragraph: list[tuple[int, str]]) -> list[tuple[int, str]]:
 
 # ------------------------------------------------------------------------- what a sentence states
 def stated(sentence: str) -> list[tuple[str, str]]:
-    """The facts a sentence states, ``(kind, token)``, each once."""
+    """The facts a sentence states, ``(kind, token)``, each once; quotations and years are
+    not the page's facts."""
+    named = sentence
+    sentence = unquoted(sentence)
     literals = [a or b for a, b in LITERAL.findall(sentence)]
     plain = LITERAL.sub(" ", sentence)
     facts = []
     for m in NUMBER.finditer(plain):
-        facts.append(("number", m.group(0).strip()))
+        if not _year(plain, m):
+            facts.append(("number", m.group(0).strip()))
     for m in DTYPE.finditer(sentence):
         facts.append(("dtype", m.group(1)))
     for name in literals:
@@ -259,9 +263,46 @@ def stated(sentence: str) -> list[tuple[str, str]]:
         if word in BARE_OPS:
             facts.append(("op", word))
     q = QUANTIFIER.search(IDIOM.sub(" ", plain))
-    if q and not NAMED_SET.search(sentence) and not COUNTED.search(sentence):
+    if q and not NAMED_SET.search(named) and not COUNTED.search(sentence):
         facts.append(("general", q.group(1)))
     return list(dict.fromkeys(facts))
+
+
+def unquoted(sentence: str) -> str:
+    """The sentence with what it quotes (text in straight or curly double quotes: a thread's
+    words, not the page's claim) blanked out. Quotes inside inline literals are code, not
+    quotation marks; a quotation the sentence splitter cut in two is blanked to the sentence's
+    end (an opening quote left open) or from its start (a closing quote)."""
+    masked = LITERAL.sub(lambda m: "x" * len(m.group(0)), sentence)
+    spans, start = [], None
+    for m in re.finditer(r"[\"\u201c\u201d]", masked):
+        i, mark = m.start(), m.group(0)
+        opening = mark == "\u201c" or (
+            mark == '"' and start is None and (i == 0 or masked[i - 1] in " ([{\u2014-")
+        )
+        if start is None and opening:
+            start = i
+        elif start is not None and mark != "\u201c":
+            spans.append((start, i + 1))
+            start = None
+        elif start is None:
+            spans.append((0, i + 1))  # the end of a quotation begun in the last sentence
+    if start is not None:
+        spans.append((start, len(sentence)))
+    for a, b in spans:
+        sentence = sentence[:a] + " " * (b - a) + sentence[b:]
+    return sentence
+
+
+def _year(plain: str, m: re.Match) -> bool:
+    """A year 2000-2099 in a range (``2025-2026``) or after "in" at the end of a clause
+    (``asked in 2025.``), which dates a question rather than stating a result."""
+    if not re.fullmatch(r"20\d\d", m.group(0)):
+        return False
+    before, after = plain[: m.start()], plain[m.end() :]
+    in_range = re.search(r"20\d\d[-\u2013]$", before) or re.match(r"[-\u2013]20\d\d\b", after)
+    dated = re.search(r"\bin $", before) and re.match(r"\s*([.,;:)]|$)", after)
+    return bool(in_range or dated)
 
 
 def _op(literal: str) -> str | None:

@@ -139,6 +139,38 @@ def test_a_generalisation_names_its_set(tmp_path, claim, caught):
     assert ("general" in {f.kind for f in run_page(tmp_path, claim)}) == caught
 
 
+@pytest.mark.parametrize(
+    "claim",
+    [
+        'A reader wrote "the total stops at 512", and it stops at 300.',
+        "A reader wrote \u201cthe total stops at 512\u201d, and it stops at 300.",
+    ],
+)
+def test_a_quotation_is_not_the_pages_claim(tmp_path, claim):
+    # The quoted 512 is a thread's words; the unquoted 300 in the same sentence is the page's.
+    assert tokens(run_page(tmp_path, claim)) == [("number", "300")]
+
+
+def test_a_quotation_the_splitter_cut_in_two_is_skipped_and_quotes_in_code_are_not_quotes():
+    first = 'Asked in a thread ("it drops from 61% to 30% on math.'
+    second = 'In fp16 it drops to 54%"), and ``GradScaler("cuda")`` returns 2 in bf16.'
+    assert prose_facts.stated(first) == []
+    assert prose_facts.stated(second) == [("number", "2"), ("dtype", "bf16")]
+
+
+@pytest.mark.parametrize(
+    ("claim", "numbers"),
+    [
+        ("Asked in 2025-2026: the bf16 total stops at 256.", []),
+        ("Asked in 2025, the bf16 total stops at 256.", []),
+        ("The bf16 total stops at 2048.", ["2048"]),
+        ("It stops in 2048 additions, 2025-ish.", ["2048", "2025"]),
+    ],
+)
+def test_a_year_that_dates_a_question_is_not_a_number(tmp_path, claim, numbers):
+    assert tokens(run_page(tmp_path, claim)) == [("number", n) for n in numbers]
+
+
 def test_the_prose_is_the_text_blocks_without_headings_links_or_references():
     source = '''"""
 Title 3
