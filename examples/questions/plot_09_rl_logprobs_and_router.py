@@ -16,6 +16,8 @@ itself (not a ``.float()`` after it) remove that.
 # %%
 # Setup
 # -----
+import math
+
 import torch
 from torch.nn.attention import SDPBackend
 
@@ -38,11 +40,11 @@ device.describe(cpu)
 # ``lm_head`` in vLLM "for stable logprobs") and
 # `Fast-LLM#525 <https://github.com/ServiceNow/Fast-LLM/pull/525>`__ (the gap across engines,
 # per knob). A trainer recomputes the logprobs of tokens a serving engine sampled; the ratio
-# ``exp(logp_trainer - logp_server)`` weighs each token's update. Here both sides run the same
-# float32 weights of a tiny LM (:class:`mpguide.training.logprob_gap.TinyLM`, built in code):
-# the trainer under autocast, the server with the weights cast, as engines load them. Every
-# pair differs in one knob; the logits go through ``.float()`` before the log-softmax on both
-# sides, as vLLM's sampler and RL trainers do.
+# of the trainer's probability of each token to the server's weighs its update. Here both
+# sides run the same float32 weights of a tiny LM
+# (:class:`mpguide.training.logprob_gap.TinyLM`, built in code): the trainer under autocast,
+# the server with the weights cast, as engines load them. Each pair of the table differs in one knob; the logits go through ``.float()`` before the
+# logprobs are taken on both sides, as vLLM's sampler and RL trainers do.
 model = logprob_gap.TinyLM().eval()
 gen = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, model.lm_head.out_features, (4, 128), generator=gen)
@@ -106,6 +108,9 @@ print(f"mean gap: bf16 {base:.4f} nats, fp32 head {head:.4f} ({1 - head / base:.
       f"fp16 {half:.4f} ({base / half:.1f}x smaller than bf16); temperature in bf16 "
       f"{t_bf16:.4f} against {t_f32:.4f} in float32")
 print(f"bf16 on the CPU picks the flash SDPA kernel by default: {default_is_flash}")
+bits = {d: 1 - round(math.log2(torch.finfo(d).eps)) for d in (bf16, fp16)}
+print(f"significant bits (torch.finfo): bf16 {bits[bf16]}, fp16 {bits[fp16]}; a bf16 rounding is "
+      f"{2 ** (bits[fp16] - bits[bf16])} times coarser")
 
 # %%
 # What the table says, and why. bf16 keeps 8 significant bits and fp16 11, so each rounding
