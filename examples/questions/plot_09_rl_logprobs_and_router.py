@@ -43,8 +43,9 @@ device.describe(cpu)
 # of the trainer's probability of each token to the server's weighs its update. Here both
 # sides run the same float32 weights of a tiny LM
 # (:class:`mpguide.training.logprob_gap.TinyLM`, built in code): the trainer under autocast,
-# the server with the weights cast, as engines load them. Each pair of the table differs in one knob; the logits go through ``.float()`` before the
-# logprobs are taken on both sides, as vLLM's sampler and RL trainers do.
+# the server with the weights cast, as engines load them. Each pair of the table differs in
+# one knob; the logits go through ``.float()`` before the logprobs are taken on both sides,
+# as vLLM's sampler and RL trainers do.
 model = logprob_gap.TinyLM().eval()
 gen = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, model.lm_head.out_features, (4, 128), generator=gen)

@@ -16,6 +16,8 @@ scales (per tensor, or per head) avoid.
 # %%
 # Setup
 # -----
+import math
+
 import torch
 
 from mpguide.core import device
@@ -71,8 +73,8 @@ for offset in (0, 1024, 16_384, 65_536):
         rows.append((offset, label, r.dtype, r.distinct, r.max_angle_error, r.max_cos_error))
 collapse = Table(("offset", "matmul computed in", "angles", f"distinct of {WINDOW}",
                   "max angle error (rad)", "max |cos error|"), tuple(rows),
-                 f"RoPE angles at the fastest frequency, head dim {DIM}, base {BASE:g}; cpu "
-                 f"({device.LIVE})")
+                 f"RoPE angles at the fastest frequency, head dim {DIM}, base {BASE:g}, errors "
+                 f"against {torch.float64}; cpu ({device.LIVE})")
 collapse
 
 # %%
@@ -87,6 +89,9 @@ for offset in (0, 1024, 16_384, 65_536):
 print(f"at offset 65,536 bf16 angles leave {far[f'distinct of {WINDOW}']} distinct values for "
       f"{WINDOW} positions, off by up to {far['max angle error (rad)']:g} rad; with the inner "
       "autocast(enabled=False) every position keeps its own angle")
+bf16_bits = 1 - round(math.log2(torch.finfo(bf16).eps))
+print(f"bf16 keeps {bf16_bits} significant bits (torch.finfo): between {65_536:,} and "
+      f"{2 * 65_536:,} its step is {torch.finfo(bf16).eps * 65_536:g}")
 
 # %%
 # bf16 keeps 8 significant bits: between 65,536 and 131,072 its step is 512, so 512
@@ -96,8 +101,8 @@ print(f"at offset 65,536 bf16 angles leave {far[f'distinct of {WINDOW}']} distin
 # converge on is the row that recovers every angle: compute the table inside
 # ``torch.autocast(device_type, enabled=False)`` with float32 operands, as transformers'
 # RoPE modules do (transformers#29285), or use ``torch.outer`` or a broadcast multiply, which
-# autocast leaves alone on both devices. Casting ``cos`` and ``sin`` to bf16 afterwards costs
-# little: they are in [-1, 1], where a bf16 rounding is at most ``2**-9``.
+# autocast leaves alone on both devices. Casting the cosine and sine tables to bf16
+# afterwards costs little: they are in [-1, 1], where a bf16 rounding is at most ``2**-9``.
 
 # %%
 # How much does an fp8 KV cache lose without calibrated scales?
@@ -113,7 +118,9 @@ print(f"at offset 65,536 bf16 angles leave {far[f'distinct of {WINDOW}']} distin
 # loud head; causal attention over the cache against float32 K and V, the worst head's
 # relative error:
 gen = torch.Generator().manual_seed(0)
-q, k, v = fp8_kv_cache.keys_values(generator=gen)
+KEY_OUTLIER, LOUD_STD = 600.0, 20.0
+q, k, v = fp8_kv_cache.keys_values(key_outlier=KEY_OUTLIER, loud_value_std=LOUD_STD,
+                                   generator=gen)
 kv = Table(("scale", "K error", "V error", "attention output error", "K saturated",
             "V flushed to 0"),
            tuple((e.scaling, e.key_error, e.value_error, e.output_error, f"{e.keys_saturated:.2%}",
@@ -137,11 +144,12 @@ print(f"scale 1.0: {unit.keys_saturated:.2%} of keys saturate at 448 (K error {u
 # 3 mantissa bits. The
 # attention output suffers less than K here because the saturated channels carry a bias that
 # is nearly the same for every key, and a shift common to a row's scores cancels in the
-# softmax. How the value error depends on the size of the values of the quiet heads (the
+# attention weights. How the value error depends on the size of the values of the quiet heads (the
 # loud head keeps a standard deviation of 20), at each scaling:
 sweep = []
 for std in (1.0, 0.02, 0.002, 0.0002):
     qs, ks, vs = fp8_kv_cache.keys_values(value_std=std, key_outlier=0.0,
+                                          loud_value_std=LOUD_STD,
                                           generator=torch.Generator().manual_seed(1))
     errs = {e.scaling: e for e in fp8_kv_cache.cache_errors(qs, ks, vs)}
     sweep.append((std, *(errs[s].value_error for s in fp8_kv_cache.SCALINGS),
@@ -161,6 +169,9 @@ print(f"values of std {first['value std']:g}: scale 1.0 as good as amax scales "
       f"{tiniest['V error, scale 1.0']:.3f} at scale 1.0, "
       f"{tiniest['V error, per-tensor amax']:.3f} per tensor, "
       f"{tiniest['V error, per-head amax']:.3f} per head")
+e4m3 = torch.finfo(torch.float8_e4m3fn)
+print(f"e4m3fn (torch.finfo): {-round(math.log2(e4m3.eps))} mantissa bits, normal range "
+      f"2**{round(math.log2(e4m3.smallest_normal))} to {e4m3.max:g}")
 
 # %%
 # e4m3's relative precision (3 mantissa bits) is the same wherever values sit in its
@@ -179,7 +190,7 @@ print(f"values of std {first['value std']:g}: scale 1.0 as good as amax scales "
 # - Under autocast, RoPE angles from a matmul are bf16 on the CPU (live) and on CUDA
 #   (simulated), so at offset 65,536 a window of 512 positions keeps the number of distinct
 #   angles printed above; ``einsum`` is lowered on CUDA only; ``torch.outer``, a broadcast
-#   multiply and an inner ``autocast(enabled=False)`` keep every angle.
+#   multiply and an inner ``autocast(enabled=False)`` keep every angle of the windows above.
 # - An fp8 e4m3fn KV cache at scale 1.0 saturates keys above 448 and flushes small values,
 #   and matches amax scaling for values of ordinary size; per-head amax scales keep quiet
 #   heads next to a loud one.
