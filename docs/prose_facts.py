@@ -416,7 +416,7 @@ class Backing:
         share = token.endswith(("%", "cent"))
         written = re.match(r"[\d.,eE+-]+", token).group(0)
         parsed = _value(written)
-        if parsed is None:
+        if parsed is None or written in self.versions:  # 2.13.0 backs 2.13 and 2.13.0
             return written in self.versions
         value, decimals = parsed
         if value in self.literals:

@@ -95,6 +95,12 @@ def test_a_number_is_backed_only_at_the_precision_written(tmp_path):
     assert tokens(found) == [("number", "0.75"), ("number", "74.5 %")]
 
 
+def test_a_release_is_backed_by_the_version_printed():
+    source = PAGE.format(step=1.0, claim="On torch 2.13 it stops at 256; on 2.12 at 128.")
+    found = prose_facts.check("examples/planted/plot_planted.py", source, "torch 2.13.0+cpu: 256")
+    assert [t for t in tokens(found) if t[0] == "number"] == [("number", "2.12"), ("number", "128")]
+
+
 def test_a_number_the_code_sets_is_backed(tmp_path):
     # 1000 is the page's own input (a literal of its code), not a result.
     assert run_page(tmp_path, "After 1000 additions the total is 256.") == []

@@ -64,10 +64,11 @@ print(f"{codes.halved} of 256 codes read as exactly half in fnuz; fn's -0 (0x80)
       f"{fnuz_values[0x7F].item():g} and {fnuz_values[0xFF].item():g}")
 
 # %%
-# The variants share the bit layout and differ in the exponent bias (fn 7, fnuz 8), so every
-# finite byte is worth half as much in fnuz. A loader that hands fn bytes to fnuz kernels
-# halves every weight, and turns each ``-0`` (common: any small negative weight rounds to it)
-# into NaN, which spreads through the next matmul. Three ways to move an fn weight with its
+# The variants share the bit layout and differ in the exponent bias (fn 7, fnuz 8), so the
+# codes finite in both (252 of the 256 above) are worth half as much in fnuz. A loader that
+# hands fn bytes to fnuz kernels halves every weight (the first row below), and turns each
+# ``-0`` (common: small negative weights round to it, as the 8 planted below do) into NaN,
+# which spreads through the next matmul. Three ways to move an fn weight with its
 # per-tensor scale to fnuz, on weights with values up to 448:
 gen = torch.Generator().manual_seed(0)
 w = (torch.randn(512, 512, generator=gen) * 100).clamp(-448, 448)
@@ -102,7 +103,8 @@ print(f"reading the bytes: every weight halved and {naive['NaN weights']} NaN; c
 
 # %%
 # The last row is the rule vLLM's ``normalize_e4m3fn_to_e4m3fnuz`` applies: reinterpret the
-# bytes, replace ``0x80`` by ``0x00``, double the scale; every value is kept exactly, because
+# bytes, replace ``0x80`` by ``0x00``, double the scale; every value of the weight above is
+# kept exactly, because
 # a byte's fnuz value times twice the scale is its fn value times the scale. Casting values
 # instead fails above fnuz's 240: on this torch the fnuz cast of an out-of-range value gives
 # NaN. The same direction matters for a new scale: amax / 448 on MI300 overflows fnuz, so
@@ -218,16 +220,17 @@ if has_lce:
 
 # %%
 # ``options=None`` is the plain ``linear`` + ``cross_entropy`` (the same row as the first).
-# With options, torch chunks the tokens and never holds the whole logits, as the peak
-# shows; but for bf16 inputs it keeps the loss in a bf16 scalar, to which it adds each
+# With options, torch chunks the tokens and never holds the whole logits, as the peak printed
+# above shows; but for bf16 inputs it keeps the loss in a bf16 scalar, to which it adds each
 # chunk's target logits and from which it subtracts each chunk's log-sum-exp (torch's
-# ``nn/modules/linear_cross_entropy.py``, ``output_dtype`` and ``output.add_``/``sub_``): the
-# more chunks, the more bf16 roundings of a running total, and in the sweep the smallest
+# ``nn/modules/linear_cross_entropy.py``: ``output_dtype`` and the in-place additions to and
+# subtractions from ``output``): the more chunks, the more bf16 roundings of a running total, and in the sweep the smallest
 # chunks give the largest error. On the CPU the default options choose the small chunks
 # printed above. The gradient is another matter: it is accumulated in the ``acc_dtype``
-# printed above, and is closer to float64 than the gradient through bf16 logits. Where the loss is logged or compared across runs, pass float32 inputs or
-# compute the loss from float32 logits in recomputed chunks (the fourth row). On CUDA torch
-# picks other chunk sizes and kernels (``out_dtype`` matmuls); the CUDA error and
+# printed above, and is closer to float64 than the gradient through bf16 logits. Where the
+# loss is logged or compared across runs, pass float32 inputs or compute the loss from
+# float32 logits in recomputed chunks (the fourth row). On CUDA torch picks other chunk sizes
+# and kernels (``out_dtype`` matmuls); the CUDA error and
 # ``torch.cuda.max_memory_allocated`` are not recorded yet.
 
 # %%
