@@ -136,12 +136,12 @@ print(f"on torch {torch.__version__}: with the policy alone every family runs in
 
 # %%
 # The policy casts the all-gathered parameters to ``param_dtype`` and the block inputs with
-# them; it registers nothing per op, so every op runs in the dtype its inputs arrive in, bf16
-# (the first row), as awgu answered in #600. Autocast is a dispatcher mode that runs on top:
-# under it the ops on its float32 list get float32 inputs. Which ops are on that list depends
-# on the device: the CPU's list has the whole ``cross_entropy_loss`` but not softmax or
-# ``layer_norm`` (live row); CUDA's has softmax, ``layer_norm``, ``log_softmax`` and
-# ``nll_loss`` (last row). Yet on CUDA the cross-entropy's ``log_softmax`` still ran in bf16:
+# them; it registers nothing per op, so every op family in the table runs in the dtype its
+# inputs arrive in, bf16 (the first row), as awgu answered in #600. Autocast is a
+# dispatcher mode that runs on top: under it the ops on its float32 list get float32 inputs. Which ops are on that list depends
+# on the device: the CPU's list has the whole cross-entropy but not softmax or the layer norm
+# (live row); CUDA's has softmax, the layer norm, ``log_softmax`` and ``nll_loss`` (last
+# row). Yet on CUDA the cross-entropy's ``log_softmax`` still ran in bf16:
 # ``cross_entropy`` calls it with ``dtype=`` its input's dtype, and autocast leaves an op
 # called with an explicit ``dtype`` alone, so only the ``nll_loss`` after it gets float32.
 # So a loop without autocast computes the attention softmax and the loss from bf16 logits,
@@ -329,7 +329,7 @@ print(f"on torch {torch.__version__}: a float32 model hands float32 to SDPA; aut
 # is handed bf16 as well. That is hiyouga's answer in EasyR1#571 ("You can safely ignore this
 # warning") for a step run under autocast. Without autocast a float32 model runs float32
 # attention: the CPU's flash kernel takes float32 (the backend column), but the CUDA
-# flash-attention kernels take only fp16 and bf16 (tridao in `flash-attention#622
+# flash-attention kernels do not (tridao in `flash-attention#622
 # <https://github.com/Dao-AILab/flash-attention/issues/622>`__: "fp32 is not supported"), so
 # on a GPU SDPA must pick another backend for float32. Which one each dtype gets depends on
 # the GPU and is checked when this page runs on one:
