@@ -141,7 +141,8 @@ print(f"on torch {torch.__version__}: with the policy alone every family runs in
 # dispatcher mode that runs on top: under it the ops on its float32 list get float32 inputs.
 # Which ops are on that list depends on the device: the CPU's list has the whole
 # cross-entropy but not softmax or the layer norm (live row); CUDA's has softmax, the layer
-# norm, ``log_softmax`` and ``nll_loss`` (last row). Yet on CUDA the cross-entropy's ``log_softmax`` still ran in bf16:
+# norm, ``log_softmax`` and ``nll_loss`` (last row). Yet on CUDA the cross-entropy's
+# ``log_softmax`` still ran in bf16:
 # ``cross_entropy`` calls it with ``dtype=`` its input's dtype, and autocast leaves an op
 # called with an explicit ``dtype`` alone, so only the ``nll_loss`` after it gets float32.
 # So a loop without autocast computes the attention softmax and the loss from bf16 logits,
