@@ -17,6 +17,7 @@ here, bf16x3 about ten times less; and the installed torch accepts none of the `
 # Setup
 # -----
 import inspect
+import math
 
 import torch
 
@@ -92,8 +93,8 @@ print(f"on torch {torch.__version__}: every mm template accumulates in tl.float3
 # TF32 request depends on the switch only, not on the dtype of the dot's inputs: the
 # input-dtype gate that #188998 proposed is not in this build's code generator. For bf16
 # inputs the TF32 request is moot (a bf16 dot has no TF32 path); what #188998 reports on
-# Hopper is Triton 3.8 accumulating such a dot in bf16 when no ``out_dtype`` is passed, which
-# only a GPU shows. On a GPU this page compiles a bf16 matmul with ``max-autotune`` and
+# Hopper is Triton (the release named in the issue) accumulating such a dot in bf16 when no
+# ``out_dtype`` is passed, which only a GPU shows. On a GPU this page compiles a bf16 matmul with ``max-autotune`` and
 # measures its error against float64; not yet recorded (the output below says where this
 # build ran):
 if dev.type == "cuda":
@@ -150,6 +151,10 @@ assert schemes.ratio("bf16") > 1000 and schemes.ratio("tf32") > 100
 print(f"emulated: bf16x9 {schemes.ratio('bf16x9'):.2f}x, bf16x6 {schemes.ratio('bf16x6'):.2f}x, "
       f"tf32x3 {schemes.ratio('tf32x3'):.2f}x, bf16x3 {schemes.ratio('bf16x3'):.1f}x float32's "
       "error")
+bits = {d: 1 - round(math.log2(torch.finfo(d).eps)) for d in (torch.bfloat16, torch.float32)}
+assert 3 * bits[torch.bfloat16] == bits[torch.float32]
+print(f"significand bits (torch.finfo): bf16 {bits[torch.bfloat16]}, three bf16 terms "
+      f"{3 * bits[torch.bfloat16]}, float32 {bits[torch.float32]}")
 
 # %%
 # Three bf16 terms hold 24 significand bits, float32's, so a sum of all nine products is
