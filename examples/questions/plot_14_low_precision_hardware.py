@@ -74,7 +74,8 @@ print(f"finite runs, max |image error| / max |image| vs float32: bf16 {error(by[
 # %%
 # The overflow happens in the last block, where the float32 stream passes 65504; the
 # GroupNorm after it computes the mean and variance of a group holding ``inf``,
-# gets ``inf - inf`` and NaN, and every pixel downstream of the group is NaN: a black image.
+# gets ``inf - inf`` and NaN, and every pixel downstream of the group is NaN (the share of
+# the image printed above): a black image.
 # Running the norms in float32 does not help: the ``inf`` is already in the stream they
 # read. bf16 has float32's range and decodes (at bf16's precision); so does float32
 # (diffusers' ``force_upcast`` of the VAE). The fp16-fixed VAE checkpoints
@@ -173,11 +174,12 @@ print("logits error, W4A16 -> W4A4: " + ", ".join(
 # %%
 # A weight matrix has no outlier channels; the input of the projections after each RMSNorm
 # has two, 50 times the rest, and a 4-bit block sharing one scale with an outlier rounds its
-# other values to a few levels or to zero. NVFP4's blocks of 16 with an e4m3 scale confine the
-# damage better than MXFP4's blocks of 32 with a power-of-two scale, so MXFP4 W4A4 is the
-# worst row. The model's weights are random, so its predictions are near uniform: read the
-# logits error and KL, not top-1 agreement, as the measure here. Keep the activations in bf16
-# or fp8 (W4A16, W4A8), or the outlier layers in higher precision; which layers lose most, per
+# other values to a few levels or to zero. NVFP4's blocks of 16, each with a scale not
+# limited to powers of two, confine the damage better than MXFP4's blocks of 32 with a
+# power-of-two scale, so MXFP4 W4A4 is the worst row. The model's weights are random, so its predictions are near uniform: read the
+# logits error and KL, not top-1 agreement, as the measure here. Keep the activations in
+# higher precision (W4A16 here; W4A8, as llama.cpp#24364 runs them, is not run here), or the
+# outlier layers in higher precision; which layers lose most, per
 # recipe: :ref:`sphx_glr_docs_auto_examples_lowbit_plot_03_model_layers.py`.
 
 # %%
