@@ -5,7 +5,7 @@ Where the error comes from, op by op
 A model in bf16 is off: which op is to blame, and what is the cheapest fix? We run a small
 Qwen2 language model (built from its configuration with ``transformers``, random weights,
 nothing downloaded) with :func:`mpguide.models.diff.diff`: beside the bf16 run, a float64
-shadow is carried op by op, and every op's error is split into what the op adds itself (*local*:
+shadow is carried op by op, and each op's error is split into what the op adds itself (*local*:
 its output against the exact result on the inputs it was given) and what it received
 (*inherited*). We plant one hazard, an activation
 rounded to float8, and meet a real one, rotary position embeddings at position 8000 in a model
@@ -63,15 +63,17 @@ def make():
 
 model, inputs = make()
 PLANTED = "model.norm.1"
+positions = inputs["position_ids"]
 print(f"transformers {transformers.__version__}, {type(model).__name__}: "
-      f"{sum(p.numel() for p in model.parameters()):,} parameters")
+      f"{sum(p.numel() for p in model.parameters()):,} parameters; positions "
+      f"{positions.min().item()} to {positions.max().item()}")
 
 # %%
 # The diff under bf16 autocast
 # ----------------------------
 # One row per *source*: a module call's line of code, with the ops it ran there (autocast's
 # casts included). ``local`` sums its ops' local errors, the error the source creates;
-# ``inherited`` and ``total`` are those of its last op's output. All errors are
+# ``inherited`` and ``total`` are those of its last op's output. The errors of this page are
 # ``‖error‖ / ‖ref‖`` against the shadow. Backward ops are placed at the line of the forward
 # op that made their autograd node. The same on your model:
 # ``python -m mpguide diff mymodel.py:make --backward`` (see :doc:`/docs/cli`).
@@ -89,7 +91,7 @@ found.table("sources", limit=12)
 # The split adds up as the triangle inequality says
 # -------------------------------------------------
 # With ``t`` the op's bf16 output, ``a`` the shadow's and ``b`` the op run in float64 on the
-# bf16 run's own inputs, ``t − a = (t − b) + (b − a)``, so for every op
+# bf16 run's own inputs, ``t − a = (t − b) + (b − a)``, so for every op of this run
 # ``|local − inherited| ≤ total ≤ local + inherited``. The check ran on every op of this run.
 from mpguide.models.shadow import TOLERANCE
 
@@ -126,9 +128,9 @@ _ = model_plots.error_budget(
 # %%
 # Gradients
 # ---------
-# With ``backward=True`` every parameter's gradient is compared with the shadow's (seeded
-# standard-normal output gradients). The backward ops rank the same way as the forward ones: the
-# planted cast's backward rounds the gradient to float8 too.
+# With ``backward=True`` every parameter of this model has its gradient compared with the
+# shadow's (seeded standard-normal output gradients). The backward ops rank the same way as
+# the forward ones: the planted cast's backward rounds the gradient to float8 too.
 backward_top = found.sources(BACKWARD)[0]
 print(f"Largest backward source: {backward_top.module} ({backward_top.names}), local "
       f"{backward_top.local:.3g}")
