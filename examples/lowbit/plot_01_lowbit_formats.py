@@ -88,11 +88,14 @@ print(
 # %%
 # Where the NaN starts: rounded to nearest without saturation, a value past 448 goes to 448 until
 # half a step past it. The next step, 480, is e4m3fn's NaN code, so 464 is a tie, which rounds
-# to the even code, 448, and anything larger becomes NaN. Torch's cast of values around that
+# to the even code, 448, and the values above it in this list become NaN. Torch's cast of values around that
 # boundary (live), beside that rounding computed by :func:`mpguide.precision.lowbit.round_to`:
 edge = torch.tensor([450.0, 464.0, 464.5, 465.0, -465.0])
 torch_cast = edge.to(torch.float8_e4m3fn).float()
 nearest_cast = lowbit.round_to(edge, e4m3, saturate=False)
+top_step = 2.0 ** math.floor(math.log2(e4m3.max)) * torch.finfo(torch.float8_e4m3fn).eps
+print(f"the step above {e4m3.max:g} is {top_step:g}: the next code, {e4m3.max + top_step:g}, is "
+      f"e4m3fn's NaN, and {e4m3.max + top_step / 2:g} is the tie")
 for v, t, n in zip(edge.tolist(), torch_cast.tolist(), nearest_cast.tolist(), strict=True):
     print(f"{v:7.1f}: torch {torch.__version__} casts to {t}; round to nearest, no saturation: {n}")
 assert nearest_cast[:2].tolist() == [e4m3.max, e4m3.max] and nearest_cast[2:].isnan().all()
