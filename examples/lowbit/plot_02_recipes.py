@@ -19,12 +19,17 @@ activation with outlier channels under each recipe and measure what it costs aga
 # %%
 # Setup
 # -----
+import math
+
 import torch
 
 from mpguide.core import device
 from mpguide.precision import lowbit_errors, recipes
 
 device.describe(torch.device("cpu"))
+e8m0_min, e4m3_max = torch.finfo(torch.float8_e8m0fnu).tiny, torch.finfo(torch.float8_e4m3fn).max
+print(f"MX's smallest scale (e8m0) is 2**{math.log2(e8m0_min):.0f}: an MXFP8 block meets it when "
+      f"its amax lies below about 2**{math.log2(e8m0_min * e4m3_max):.0f}")
 
 # %%
 # An activation with outlier channels
