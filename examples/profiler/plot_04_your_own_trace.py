@@ -86,8 +86,8 @@ if dev.type == "cpu":
 
 # %%
 # Recorded on a GPU: the same count on mpguide's own H100 trace of one bf16-autocast training
-# step (another model, a 4-layer ``nn.TransformerEncoder``; torch 2.11, provenance in
-# ``tests/data/gpu/PROVENANCE.md``), read here:
+# step (another model, an ``nn.TransformerEncoder``; its size, the torch release and the
+# machine are in ``tests/data/gpu/PROVENANCE.md``), read here:
 try:
     HERE = Path(__file__).resolve().parent
 except NameError:  # run cell by cell

@@ -61,9 +61,9 @@ def outcome(fn, *args):
 # %%
 # Why is a tensor created inside a compiled function float32?
 # -----------------------------------------------------------
-# Asked in `pytorch#138015 <https://github.com/pytorch/pytorch/issues/138015>`__ on torch
-# 2.4.1: with ``torch.set_default_dtype(torch.bfloat16)``, a compiled
-# ``torch.randn(1, dtype=torch.bfloat16)`` came back float32. The reader's repro:
+# Asked in `pytorch#138015 <https://github.com/pytorch/pytorch/issues/138015>`__ (on an
+# older release, named in the thread): with ``torch.set_default_dtype(torch.bfloat16)``, a
+# compiled ``torch.randn(1, dtype=torch.bfloat16)`` came back float32. The reader's repro:
 def make():
     return torch.randn(1, dtype=torch.bfloat16, device=dev)
 
