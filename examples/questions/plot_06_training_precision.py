@@ -234,8 +234,9 @@ print(
 # %%
 # Above 1 bf16 values are 2**-7 apart, below it 2**-8 (both asserted), so an update that moves
 # the weight by half the spacing or less rounds back to 1: up to 0.0039 upwards, up to 0.00195
-# downwards (printed above). With a learning rate of 1e-3 the bf16 weights never move in either
-# direction, and the float32 copy does. That is the convergence gap of the threads. Master
+# downwards (printed above). An update of 0.001 (a learning rate of 1e-3 times a unit step)
+# leaves the bf16 weight at 1 in both directions (the ``1 ± 0.001`` column above), and moves
+# the float32 copy. That is the convergence gap of the threads. Master
 # weights cost 4 bytes per parameter more; the alternatives that keep bf16 weights are
 # stochastic rounding and Kahan summation (:func:`mpguide.training.optimizers.stochastic_round`,
 # :func:`mpguide.training.optimizers.kahan_add_`). In depth:

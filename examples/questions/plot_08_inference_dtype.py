@@ -147,6 +147,9 @@ print(f"sigmoid: {in_bf16[SIG]} distinct scores of 1000 in bf16, {cast_first[SIG
       f"{f32[SIG]} from float32 logits; softmax: the top 50 probabilities take {in_bf16[TOP]} "
       f"values in bf16 and {cast_first[TOP]} after .float(), as many as the bf16 logits "
       f"({cast_first[TOP_LOGITS]}); {f32[TOP]} from float32 logits")
+sig = torch.sigmoid(scores)
+print(f"the scores lie between {scores.min().item():.2f} and {scores.max().item():.2f}, their "
+      f"sigmoid between {sig.min().item():.2f} and {sig.max().item():.2f}")
 
 # %%
 # Softmax and sigmoid kernels compute in float32 internally, but a bf16 output keeps 8
@@ -171,7 +174,7 @@ print(f"sigmoid: {in_bf16[SIG]} distinct scores of 1000 in bf16, {cast_first[SIG
 #   and float32 serve the same block.
 # - A bf16 sigmoid collapses scores that ``.float()`` first keeps apart; the softmax's top
 #   probabilities tie as often after ``.float()`` as in bf16, because their bf16 logits tie.
-#   Only float32 logits separate all of them.
+#   Only float32 logits separate all 50 top probabilities here.
 #
 # .. admonition:: References
 #
