@@ -9,7 +9,9 @@ state three kinds of fact, and each must be backed:
   ``e4m3`` or ``H100``, not an issue number ``#136082``, not inside an inline literal, which is
   code): backed when a number of the page's output rounds to it at the precision the prose
   writes (``0.0841`` backs ``8.4 %`` as a share, ``2.13.0`` backs ``2.13``), or when it is a
-  numeric literal of the page's code (the inputs a page chooses, the bounds it asserts);
+  numeric literal of the page's code (the inputs a page chooses, the bounds it asserts; ``0.3``
+  backs ``30 %``); text in double quotes (a thread's words) and a year dating a question
+  (``2025-2026``, ``asked in 2025.``) state no number;
 - a **dtype** (``bf16``, ``torch.float16``, ``e4m3``, ``NVFP4``, ...; aliases count as one):
   backed when the output names it;
 - an **op** (an inline literal, or a snake_case word, naming an ATen op or a
@@ -419,8 +421,10 @@ class Backing:
         if parsed is None or written in self.versions:  # 2.13.0 backs 2.13 and 2.13.0
             return written in self.versions
         value, decimals = parsed
-        if value in self.literals:
-            return True
+        if value in self.literals or (
+            share and any(abs(n * 100 - value) < 1e-9 for n in self.literals)
+        ):
+            return True  # an input or a bound of the code (0.3 asserted backs 30 %)
         for seen, _ in self.values:
             for scaled in (seen, seen * 100) if share else (seen,):
                 if f"{scaled:.{decimals}f}" == f"{value:.{decimals}f}":

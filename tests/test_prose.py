@@ -95,6 +95,13 @@ def test_a_number_is_backed_only_at_the_precision_written(tmp_path):
     assert tokens(found) == [("number", "0.75"), ("number", "74.5 %")]
 
 
+def test_a_share_is_backed_by_the_bound_the_code_asserts(tmp_path):
+    source = PAGE.format(step=1.0, claim="Over 70% of the sum is lost, not 80%.")
+    source = source.replace('print(f"lost:', 'assert share > 0.7\nprint(f"lost:')
+    found = prose_facts.check("examples/planted/plot_planted.py", source, "lost: 0.7440")
+    assert [t for t in tokens(found) if t[0] == "number"] == [("number", "80%")]
+
+
 def test_a_release_is_backed_by_the_version_printed():
     source = PAGE.format(step=1.0, claim="On torch 2.13 it stops at 256; on 2.12 at 128.")
     found = prose_facts.check("examples/planted/plot_planted.py", source, "torch 2.13.0+cpu: 256")
