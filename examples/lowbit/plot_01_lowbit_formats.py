@@ -88,8 +88,9 @@ print(
 # %%
 # Where the NaN starts: rounded to nearest without saturation, a value past 448 goes to 448 until
 # half a step past it. The next step, 480, is e4m3fn's NaN code, so 464 is a tie, which rounds
-# to the even code, 448, and the values above it in this list become NaN. Torch's cast of values around that
-# boundary (live), beside that rounding computed by :func:`mpguide.precision.lowbit.round_to`:
+# to the even code, 448, and the values above it in this list become NaN. Torch's cast of
+# values around that boundary (live), beside that rounding computed by
+# :func:`mpguide.precision.lowbit.round_to`:
 edge = torch.tensor([450.0, 464.0, 464.5, 465.0, -465.0])
 torch_cast = edge.to(torch.float8_e4m3fn).float()
 nearest_cast = lowbit.round_to(edge, e4m3, saturate=False)

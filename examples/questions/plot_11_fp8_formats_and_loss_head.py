@@ -224,8 +224,8 @@ if has_lce:
 # above shows; but for bf16 inputs it keeps the loss in a bf16 scalar, to which it adds each
 # chunk's target logits and from which it subtracts each chunk's log-sum-exp (torch's
 # ``nn/modules/linear_cross_entropy.py``: ``output_dtype`` and the in-place additions to and
-# subtractions from ``output``): the more chunks, the more bf16 roundings of a running total, and in the sweep the smallest
-# chunks give the largest error. On the CPU the default options choose the small chunks
+# subtractions from ``output``): the more chunks, the more bf16 roundings of a running
+# total, and in the sweep the smallest chunks give the largest error. On the CPU the default options choose the small chunks
 # printed above. The gradient is another matter: it is accumulated in the ``acc_dtype``
 # printed above, and is closer to float64 than the gradient through bf16 logits. Where the
 # loss is logged or compared across runs, pass float32 inputs or compute the loss from

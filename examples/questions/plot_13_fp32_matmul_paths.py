@@ -94,9 +94,9 @@ print(f"on torch {torch.__version__}: every mm template accumulates in tl.float3
 # input-dtype gate that #188998 proposed is not in this build's code generator. For bf16
 # inputs the TF32 request is moot (a bf16 dot has no TF32 path); what #188998 reports on
 # Hopper is Triton (the release named in the issue) accumulating such a dot in bf16 when no
-# ``out_dtype`` is passed, which only a GPU shows. On a GPU this page compiles a bf16 matmul with ``max-autotune`` and
-# measures its error against float64; not yet recorded (the output below says where this
-# build ran):
+# ``out_dtype`` is passed, which only a GPU shows. On a GPU this page compiles a bf16 matmul
+# with ``max-autotune`` and measures its error against float64; not yet recorded (the output
+# below says where this build ran):
 if dev.type == "cuda":
     x16, y16 = (torch.randn(512, 4096, generator=gen, device=dev).to(torch.bfloat16),
                 torch.randn(4096, 512, generator=gen, device=dev).to(torch.bfloat16))

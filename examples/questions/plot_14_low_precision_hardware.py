@@ -176,11 +176,12 @@ print("logits error, W4A16 -> W4A4: " + ", ".join(
 # has two, 50 times the rest, and a 4-bit block sharing one scale with an outlier rounds its
 # other values to a few levels or to zero. NVFP4's blocks of 16, each with a scale not
 # limited to powers of two, confine the damage better than MXFP4's blocks of 32 with a
-# power-of-two scale, so MXFP4 W4A4 is the worst row. The model's weights are random, so its predictions are near uniform: read the
-# logits error and KL, not top-1 agreement, as the measure here. Keep the activations in
-# higher precision (W4A16 here; W4A8, as llama.cpp#24364 runs them, is not run here), or the
-# outlier layers in higher precision; which layers lose most, per
-# recipe: :ref:`sphx_glr_docs_auto_examples_lowbit_plot_03_model_layers.py`.
+# power-of-two scale, so MXFP4 W4A4 is the worst row. The model's weights are random, so its
+# predictions are near uniform: read the logits error and KL, not top-1 agreement, as the
+# measure here. Keep the activations in higher precision (W4A16 here; W4A8, as
+# llama.cpp#24364 runs them, is not run here), or the outlier layers in higher precision;
+# which layers lose most, per recipe:
+# :ref:`sphx_glr_docs_auto_examples_lowbit_plot_03_model_layers.py`.
 
 # %%
 # What we saw
