@@ -1,4 +1,5 @@
 import json
+import sys
 
 import pytest
 import torch
@@ -199,6 +200,7 @@ def test_gpt2_conv1d_layers_are_measured_as_linear_layers(folder, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "factories", raising=False)  # another test's, same name
     import factories
 
     model, inputs = factories.gpt2()
