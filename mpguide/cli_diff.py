@@ -18,6 +18,10 @@ from mpguide.core.readers_code import SPEC
 from mpguide.core.readers_code import factory as _factory
 from mpguide.core.readers_code import readers_code as _readers_code
 
+VIEWS = ("sources", "ops", "modules", "grads")
+"""The rankings of :data:`mpguide.models.diff.VIEWS`, named here so that building the parser
+(``--help``, and every other command) does not import torch."""
+
 HELP = "where your model's error comes from, op by op, and what keeping one op in float32 buys"
 
 DESCRIPTION = (
@@ -46,8 +50,6 @@ COLUMNS = (
 def add(sub, add_format: Callable[..., None]) -> None:
     """The ``diff`` subcommand, on ``sub`` (the CLI's subparsers); ``add_format`` adds the
     CLI's ``--format``."""
-    from mpguide.models import diff
-
     s = sub.add_parser("diff", help=HELP, description=DESCRIPTION, epilog=COLUMNS)
     s.add_argument(
         "spec",
@@ -77,7 +79,7 @@ def add(sub, add_format: Callable[..., None]) -> None:
     )
     s.add_argument(
         "--by",
-        choices=diff.VIEWS,
+        choices=VIEWS,
         default="sources",
         help="what the table ranks: sources (module and line; the default), ops, modules "
         "(module calls) or grads (parameters, with --backward)",

@@ -122,3 +122,10 @@ def test_progress_on_stderr_when_forced(run, monkeypatch):
     proc = run("diff_factories.py:make")
     assert proc.returncode == 0
     assert "mpguide: run under autocast to bfloat16: module call 1" in proc.stderr
+
+
+def test_the_parser_names_the_views_diff_has_without_importing_it():
+    from mpguide import cli_diff
+    from mpguide.models import diff
+
+    assert cli_diff.VIEWS == diff.VIEWS
