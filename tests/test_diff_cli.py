@@ -65,7 +65,7 @@ def test_text_ranks_the_planted_source_first_and_fits(run, monkeypatch):
     lines = proc.stdout.splitlines()
     assert all(len(line) <= 100 for line in lines)
     rows = [line.split() for line in lines if line[:1].isdigit()]
-    assert next(r for r in rows if r[1] == "for")[2] == "planted"
+    assert next(r for r in rows if r[1] == "fwd")[2] == "planted"
     text = " ".join(proc.stdout.split())  # notes wrapped to the width, unwrapped
     assert "largest source: planted at diff_factories.py:8 (_to_copy×2)" in text
     assert "fix list: Elementwise, autocast to bfloat16" in text

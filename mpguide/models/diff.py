@@ -42,6 +42,8 @@ from mpguide.models.shadow import CAST, TOLERANCE, OpError, Shadow, upcast
 from mpguide.training.autograd import BACKWARD, FORWARD
 
 VIEWS = ("sources", "ops", "modules", "grads")
+_PASS = {FORWARD: "fwd", BACKWARD: "bwd", CAST: "cast"}
+"""How the tables name a pass: the forward, the backward, or the rounding before the run."""
 """What :meth:`Diff.table` ranks: sources (module and line), ops, module calls, gradients."""
 
 
@@ -220,7 +222,7 @@ class Diff:
                 last = s.ops[-1]
                 rows.append(
                     (
-                        phase[:3],
+                        _PASS[phase],
                         s.module or "(root)",
                         s.line,
                         s.names,
@@ -248,7 +250,7 @@ class Diff:
             [
                 (
                     o.op.removeprefix("aten."),
-                    o.phase[:3],
+                    _PASS[o.phase],
                     recorder.label((o.module, o.call)),
                     o.line,
                     o.local,
