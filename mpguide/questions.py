@@ -196,7 +196,7 @@ class Collected:
             f"<th>{h}</th>" for h in ("#", "confusion (threads)", "question", "asked in", "answer")
         )
         return (
-            f'<div class="mpguide-table"><table class="table">'
+            f'<div class="mpguide-table mpguide-wrapping"><table class="table">'
             f"<caption>{escape(self.table().caption)}</caption>"
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         )
