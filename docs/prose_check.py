@@ -4,9 +4,11 @@ Connected after sphinx-gallery has run the examples: for each example this build
 examples ``filename_pattern`` selects; an unchanged one keeps its last run's output), the
 numbers, dtypes and ops its text blocks state are looked up in the output captured in its
 generated ``.rst`` and in its code. A finding that ``tests/data/prose_unchecked.txt`` does not
-list is a warning naming the page, line, token and sentence, so the ``-W`` build fails; a
-listed finding of an executed page that is backed now is a warning too, so the list only
-shrinks.
+list is a warning naming the page, line, token and sentence, so the ``-W`` build fails. A
+listed finding of an executed page that is backed now is logged, not warned about: a page whose
+output varies between runs (a thread's count of events) may back a listed number in one build
+and not the next; ``python tests/test_prose.py`` rewrites the list from a build, and the tests
+keep it from growing.
 
 The list is the CPU build's (CI's): on a GPU the examples take their CUDA paths and print
 other things, so there the findings are logged, not warned about, and the log says why.
@@ -45,8 +47,8 @@ def executed_pages(app) -> list[tuple[Path, Path]]:
 
 
 def check_pages(app) -> None:
-    """``builder-inited``, after sphinx-gallery: warn about each unlisted finding and each
-    listed one that is gone."""
+    """``builder-inited``, after sphinx-gallery: warn about each unlisted finding; log each
+    listed one that is backed now."""
     known = prose_facts.listed(LISTED)
     root = Path(app.srcdir)
     dev = device.pick()
@@ -65,7 +67,7 @@ def check_pages(app) -> None:
         for message in new:
             report(f"prose not backed by the page's output: {message}")
         for key in backed:
-            report(f"prose backed now, remove from {LISTED.name}: {key}")
+            logger.info(f"prose backed now, remove from {LISTED.name}: {key}")
 
 
 def setup(app):

@@ -98,8 +98,9 @@ print(f"on torch {torch.__version__}: the mm templates accumulate float32, bf16 
 
 # %%
 # So inductor's templates keep a float32 accumulator for bf16 and fp16 inputs on every release
-# this page ran on; for fp8 inputs the accumulator ``acc_type`` gives changed inside the window
-# (torch 2.11 gives the fp8 type itself, 2.13 and 2.14 float32; the line above is this build's).
+# this page ran on; for fp8 inputs the accumulator ``acc_type`` gives changed inside the
+# supported window (an older release gives the fp8 type itself; the assertion above names the
+# releases each was read on, and the line above is this build's).
 # The TF32 request depends on the switch only, not on the dtype of the dot's inputs: the
 # input-dtype gate that #188998 proposed is not in this build's code generator. For bf16
 # inputs the TF32 request is moot (a bf16 dot has no TF32 path); what #188998 reports on

@@ -21,6 +21,8 @@ since the MLP is float32), and returns the output in ``output_dtype``.
 # -----
 # Every measurement on this page runs on the CPU with the gloo backend, on any machine; NCCL
 # needs GPUs, and what it does is not measured here.
+import math
+
 import torch
 from torch import nn
 
@@ -143,6 +145,8 @@ print(f"{n_params} parameters: DDP all-reduces {ddp_runs['DDP'].nbytes} bytes in
 # loss multiplied by ``1e-7`` the gradients fall below fp16's smallest subnormal, and the
 # fp16 hook delivers zeros; bf16, with float32's exponent range, keeps them at its usual
 # precision. (A loss scale keeps gradients in fp16's range; see the loss-scaling page.)
+mantissa = {d: round(-math.log2(torch.finfo(d).eps)) for d in (fp16, bf16)}
+print(f"mantissa bits (torch.finfo): fp16 {mantissa[fp16]}, bf16 {mantissa[bf16]}")
 small = 1e-7
 error = {(setup, s): comm.get(setup, s) for setup in ddp_runs for s in (1.0, small)}
 assert error["DDP", 1.0].comm_error.max_rel < 1e-6
