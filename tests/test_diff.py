@@ -4,7 +4,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from mpguide import MPGuideError
-from mpguide.models import diff
+from mpguide.models import diff, shadow
 from mpguide.models.shadow import CAST, NoReferenceKernel
 from mpguide.training.autograd import BACKWARD, FORWARD
 
@@ -70,6 +70,24 @@ def test_exact_inputs_inherit_nothing():
     found = diff.diff(model, x, dtype=torch.float32)
     first = next(o for o in found.ops if o.module == "a" and o.op == "aten.addmm")
     assert first.inherited == 0 and first.local == first.total > 0
+
+
+@pytest.mark.parametrize("planted", [torch.float16, torch.bfloat16])
+def test_a_widening_cast_adds_nothing_as_the_long_way_finds(planted, monkeypatch):
+    # Rounds' cast back to float32 holds every value it receives: the shortcut gives it no
+    # local error without running the op on the run's inputs; the long way measures none.
+    def widening(found):
+        back = [o for o in found.ops if o.module == "planted" and o.op == "aten._to_copy"]
+        return back[1]
+
+    model, x = Net(planted), torch.randn(4, 16)
+    short = widening(diff.diff(model, x, dtype=torch.float32, backward=True))
+    monkeypatch.setattr(shadow, "_widens", lambda *_: False)
+    long = widening(diff.diff(model, x, dtype=torch.float32, backward=True))
+    assert short.local == long.local == 0
+    assert short.inherited == short.total == long.inherited == long.total > 0
+    assert shadow.holds(torch.float32, planted) and not shadow.holds(planted, torch.float32)
+    assert not shadow.holds(torch.bfloat16, torch.float16)  # fp16's 10 bits do not fit in 7
 
 
 def test_a_cast_model_names_its_rounded_parameters_as_sources():

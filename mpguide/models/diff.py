@@ -417,8 +417,10 @@ def diff(
             else:
                 notes.append("no backward pass: nothing the output depends on requires grad")
     seconds = time.perf_counter() - start
+    found = [g for g in grads if g is not None]
+    errors = iter(shadow.errors_of(found))
     grad_errors = tuple(
-        GradError(n, p.dtype, None if g is None else _grad_error(g, shadow.shadow_of(g)))
+        GradError(n, p.dtype, None if g is None else next(errors))
         for (n, p), g in zip(params, grads, strict=False)
     )
     ops = tuple(shadow.errors())
@@ -441,10 +443,6 @@ def diff(
         tuple(notes),
         ref_final.detach(),
     )
-
-
-def _grad_error(g: torch.Tensor, ref: torch.Tensor) -> float:
-    return output_error(g, ref, False).error
 
 
 def _module_errors(shadow: Shadow, ops: tuple[OpError, ...]) -> tuple[ModuleError, ...]:

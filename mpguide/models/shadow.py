@@ -19,7 +19,9 @@ value, the errors are relative to the reference's norm ``‖a‖``:
 Since ``t − a = (t − b) + (b − a)``, the triangle inequality bounds the total on both sides:
 ``|local − inherited| ≤ total ≤ local + inherited``; :data:`TOLERANCE` is the float64 rounding
 allowed in the check. Where every input of an op is exactly the shadow's (parameters under
-autocast, the model's inputs, views of them), (b) is (a) and is not run again.
+autocast, the model's inputs, views of them), (b) is (a) and is not run again; where the op is
+a cast to a dtype that holds every value of its input (bf16 to float32), (b) is ``t`` itself:
+its local error is 0, and (b) is not run either.
 
 Views (``t``, ``view``, ``expand``) compute nothing and are not recorded: the shadow carries
 them. Ops whose result is random (dropout's mask, ``randn``) give the shadow the run's own
@@ -160,6 +162,7 @@ class Shadow(Recorder):
         self._pending: list[tuple[int, str, str, str, int, str, Any, int]] = []
         self._lines: dict[int, str] = {}
         self._index = 0
+        self._norms = _Norms(reference)
         self.spans: dict[tuple[str, int], list] = {}
         """Each module call: its first op's index, the index after its last, and the norms of
         its first floating input and of its output."""
@@ -177,14 +180,22 @@ class Shadow(Recorder):
             self.shadows[t] = found
         return found
 
+    def errors_of(self, tensors: list[torch.Tensor]) -> list[float]:
+        """``‖t − a‖ / ‖a‖`` of each tensor of the run against its shadow's value."""
+        if not tensors:
+            return []
+        with torch.no_grad():
+            norms = [self._norms(t.detach(), self._of(t)[0], self._of(t)[0]) for t in tensors]
+            rows = torch.stack(norms).cpu().tolist()
+        return [_relative(row[0], row[3])[0] for row in rows]
+
     def rounded(self, pairs: list[tuple[str, str, torch.Tensor, torch.Tensor]]) -> None:
         """Tensors of the run rounded before it: ``(name, module, low, exact)`` each."""
         with torch.no_grad():
             for name, module, low, exact in pairs:
                 ref = upcast(exact.detach(), self.reference)
                 self.shadows[low] = (ref, False)
-                t = low.detach() if low.element_size() > 1 else upcast(low, self.reference)
-                stats = torch.cat([_norms(t, ref, ref), ref.new_zeros(2)])
+                stats = torch.cat([self._norms(low.detach(), ref, ref), ref.new_zeros(2)])
                 to = "to " + str(low.dtype).removeprefix("torch.")
                 self._add(CAST, module, 0, name, to, stats, low.numel())
 
@@ -215,11 +226,10 @@ class Shadow(Recorder):
             return None
         with torch.no_grad():
             a = self._of(first)[0]
-            t = first.detach() if first.element_size() > 1 else upcast(first, self.reference)
-            return _norms(t, a, a) if t.shape == a.shape else None
+            return self._norms(first.detach(), a, a) if first.shape == a.shape else None
 
     def _add(self, phase, module, call, line, op, stats, values) -> None:
-        """Record one op: ``stats`` as :func:`_norms` gives them, then how many integer or
+        """Record one op: ``stats`` as :class:`_Norms` gives them, then how many integer or
         boolean values differ and of how many; ``values`` the floating values compared."""
         self._pending.append((self._index, op, phase, module, call, line, stats, values))
         self._index += 1
@@ -319,6 +329,8 @@ class Shadow(Recorder):
             return
         if exact:
             b = a
+        elif _widens(func, flat, floating):
+            b = None
         else:
             b_flat = (
                 before
@@ -333,7 +345,9 @@ class Shadow(Recorder):
                 v for v in tree_leaves(func(*b_args, **b_kwargs)) if isinstance(v, torch.Tensor)
             ]
             b = _cat([v for v, lo in zip(b_outs, outs, strict=True) if lo.is_floating_point()])
-        self._add(phase, module, call, line, op, torch.cat([_norms(t, b, a), counted]), t.numel())
+        self._add(
+            phase, module, call, line, op, torch.cat([self._norms(t, b, a), counted]), t.numel()
+        )
 
     def errors(self) -> list[OpError]:
         """Every op recorded, with its errors (one transfer from the device for all)."""
@@ -366,15 +380,66 @@ def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
     return ts[0] if len(ts) == 1 else torch.cat([t.reshape(-1) for t in ts])
 
 
-def _norms(t: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """``‖a‖, ‖t − b‖, ‖b − a‖, ‖t − a‖`` as one tensor (read once, after the run), in the
-    reference's dtype: ``t``, the run's own, is promoted inside each subtraction, not copied
-    (torch promotes no float8 dtype: those are upcast before)."""
-    norm = torch.linalg.vector_norm
-    local = norm(t - b)
-    inherited = local.new_zeros(()) if b is a else norm(b - a)
-    total = local if b is a else norm(t - a)
-    return torch.stack([norm(a), local, inherited, total])
+def holds(wide: torch.dtype, narrow: torch.dtype) -> bool:
+    """Whether every value of floating dtype ``narrow`` is one of ``wide``'s (bf16 in float32,
+    fp16 in float32, float8 in bf16), its subnormals included."""
+    w, n = torch.finfo(wide), torch.finfo(narrow)
+    return (
+        w.eps <= n.eps
+        and w.max >= n.max
+        and w.smallest_normal * w.eps <= (n.smallest_normal * n.eps)
+    )
+
+
+def _widens(func, flat: list, floating: list) -> bool:
+    """Whether the op is a cast of one floating tensor to a dtype that holds its every value:
+    it computes its result exactly, so its local error is 0 and (b) need not run."""
+    if func is not torch.ops.aten._to_copy.default or len(floating) != 1:
+        return False
+    src = flat[0]
+    dst = floating[0][0].dtype
+    return isinstance(src, torch.Tensor) and src.is_floating_point() and holds(dst, src.dtype)
+
+
+class _Norms:
+    """``‖a‖, ‖t − b‖, ‖b − a‖, ‖t − a‖`` as one tensor in the reference's dtype (read once,
+    after the run). ``t``, the run's own, is upcast once into a scratch buffer and each
+    difference is written into another: both are kept at the size of the largest output seen,
+    so an op's norms allocate nothing. (A fresh float64 temporary per difference cost 4× as much
+    on the CPU, mostly in page faults; torch also promotes no float8 dtype in a subtraction.)"""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self._up = self._diff = None
+
+    def __call__(self, t: torch.Tensor, b: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
+        """``b`` is ``None`` where the op computed ``t`` exactly from its inputs: ``t = b``."""
+        n = a.numel()
+        if self._up is None or self._up.numel() < n or self._up.device != a.device:
+            self._up = torch.empty(n, dtype=self.dtype, device=a.device)
+            self._diff = torch.empty_like(self._up)
+        up, flat = self._up[:n].view(a.shape), self._diff[:n]
+        diff = flat.view(a.shape)
+        up.copy_(t)
+        squares = a.new_zeros(4, dtype=self.dtype)
+
+        def distance(x: torch.Tensor, y: torch.Tensor, i: int) -> None:
+            torch.sub(x, y, out=diff)
+            torch.dot(flat, flat, out=squares[i])
+
+        whole = a.reshape(-1)
+        torch.dot(whole, whole, out=squares[0])
+        if b is None:
+            distance(up, a, 2)
+            squares[3] = squares[2]
+        elif b is a:
+            distance(up, a, 1)
+            squares[3] = squares[1]
+        else:
+            distance(up, b, 1)
+            distance(b, a, 2)
+            distance(up, a, 3)
+        return squares.sqrt_()
 
 
 def _relative(norm: float, *errors: float) -> tuple[float, ...]:
