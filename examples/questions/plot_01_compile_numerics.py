@@ -8,8 +8,8 @@ inductor with ``emulate_precision_casts``, every output compared with a float64 
 answer, asserted on this torch: inductor keeps the fused intermediates of a chain of bf16 ops
 in float32 and rounds once, so it differs from eager (and is usually closer to float64), it
 drops an explicit ``.to(torch.bfloat16)`` feeding a float32 op, a single op gives the same bits
-as eager, and ``emulate_precision_casts`` restores eager's roundings bit for bit (on the CPU
-from torch 2.13 on).
+as eager on the CPU, and ``emulate_precision_casts`` restores eager's roundings bit for bit (on
+the CPU from torch 2.13 on).
 """
 
 # %%
@@ -31,6 +31,11 @@ gen = torch.Generator(device=dev).manual_seed(0)
 
 def randn(*shape, dtype=torch.float32, scale=1.0):
     return (torch.randn(*shape, generator=gen, device=dev) * scale).to(dtype)
+
+
+def differing(comparison, backend):
+    """How many elements of ``backend``'s output differ in their bits from eager's."""
+    return int((comparison[backend].output != comparison[backends.EAGER].output).sum())
 
 
 # %%
@@ -127,17 +132,26 @@ single
 chain
 
 # %%
-assert single[backends.INDUCTOR].equals_eager is True
 assert chain[backends.INDUCTOR].equals_eager is False
-assert chain[backends.EMULATE].equals_eager is emulates
 assert chain[backends.INDUCTOR].max_abs <= chain[backends.EAGER].max_abs
-print(f"on torch {torch.__version__} ({dev.type}): one sigmoid is bit-identical; the chain of "
-      f"two differs from eager and is closer to float64")
+counts = {name: differing(c, b) for name, c, b in (
+    ("one sigmoid", single, backends.INDUCTOR), ("the chain", chain, backends.INDUCTOR),
+    ("the chain, emulated", chain, backends.EMULATE))}
+if dev.type == "cpu":
+    assert single[backends.INDUCTOR].equals_eager is True
+    assert chain[backends.EMULATE].equals_eager is emulates
+else:  # another device's compiled exp and division may round otherwise than its eager kernel
+    assert 100 * counts["one sigmoid"] < counts["the chain"]
+    assert 100 * counts["the chain, emulated"] < counts["the chain"]
+print(f"on torch {torch.__version__} ({dev.type}): elements of {x.numel()} that differ from eager: "
+      + ", ".join(f"{name} {n}" for name, n in counts.items())
+      + "; the compiled chain is closer to float64")
 
 # %%
 # Eager ATen does not compute bf16 activations in bf16 either: its kernels load bf16, compute
 # in float32 (the "opmath" type) and round the result once, which is why a single compiled
-# sigmoid gives the same bits. The difference starts with a second op: eager rounds between
+# sigmoid gives the same bits on the CPU (asserted there; the counts above are this build's
+# device's). The difference starts with a second op: eager rounds between
 # the two, the fused kernel does not. Compute types per op:
 # :ref:`sphx_glr_docs_auto_examples_numerics_plot_05_opmath.py`.
 
@@ -161,10 +175,13 @@ emulated = Table(
 emulated
 
 # %%
-assert all(r["inductor+emulate_precision_casts equals eager"] is emulates
-           for r in emulated.records())
+restored = [r["inductor+emulate_precision_casts equals eager"] for r in emulated.records()]
+if dev.type == "cpu":
+    assert all(r is emulates for r in restored)
+else:  # the two repros without a sigmoid; the chain's count is printed above
+    assert restored[:2] == [True, True]
 print(f"on torch {torch.__version__} ({dev.type}): emulate_precision_casts "
-      f"{'restores' if emulates else 'does not restore'} eager's bits; on the CPU, "
+      f"{'restores' if all(restored) else 'does not restore'} eager's bits; on the CPU, "
       + versions.change("inductor_cpu_bf16_round_trip").describe())
 
 # %%

@@ -335,20 +335,23 @@ steps_ce
 assert log_probs.dtype == low
 assert steps_ce["cross_entropy on bf16 logits"] == (
     steps_ce["bf16 log-probabilities, nll_loss in bf16"])
-assert steps_ce["cross_entropy on bf16 logits"] != steps_ce["float32 loss rounded once to bf16"]
 assert (bf16_loss - torch.nextafter(bf16_loss, torch.zeros_like(bf16_loss))).item() == 0.0625
-assert same_as_rounded < 20
+if dev.type == "cpu":  # the CPU's nll_loss; another device's kernel may sum otherwise
+    assert steps_ce["cross_entropy on bf16 logits"] != steps_ce["float32 loss rounded once to bf16"]
+    assert same_as_rounded < 20
 print(
     f"bf16 loss {bf16_loss.item()}, float32 loss {f32_loss.item():.4f} rounded once "
     f"{f32_loss.to(low).item()}; over 20 seeds the bf16 loss equals the float32 loss rounded once "
-    f"{same_as_rounded} times"
+    f"{same_as_rounded} times ({dev.type})"
 )
 
 # %%
 # So bf16 loses more than the stored result. The log-probabilities are stored in bf16 (at the
-# loss's size, between 8 and 16, bf16's spacing is 0.0625, asserted), and ``nll_loss``'s mean over them in bf16 loses more again: on this
-# batch the bf16 loss is the value printed above, not the float32 loss rounded once, and over
-# 20 seeds the two agree only the printed number of times. Autocast lists ``cross_entropy``
+# loss's size, between 8 and 16, bf16's spacing is 0.0625, asserted), and on the CPU
+# ``nll_loss``'s mean over them in bf16 loses more again: on this batch the bf16 loss is the
+# value printed above, not the float32 loss rounded once, and over 20 seeds the two agree only
+# the printed number of times (asserted on the CPU; on another device the printed count is that
+# device's kernel's, which may keep its sum in float32). Autocast lists ``cross_entropy``
 # among the ops it runs in float32, so under autocast the upcast happens by itself (asserted
 # above); without autocast (pure bf16 weights, or FSDP2's parameter policy, which installs no
 # autocast) upcast the logits at the loss only: the full-vocabulary float32 copy is the memory
@@ -393,9 +396,9 @@ for target in ("cpu",):
 # - A bf16 weight at 1 ignores an increase of up to half its upper spacing (0.0039) and a
 #   decrease of up to half its lower spacing (0.00195); float32 master weights keep both.
 # - A running bf16 total stalls; ``torch.sum`` and a float32 accumulator do not.
-# - Cross-entropy on bf16 logits returns a bf16 loss that differs from the float32 loss rounded
-#   once (log-probabilities and their mean in bf16); upcast at the loss or run it under
-#   autocast. Optimizer states follow the parameters' dtype.
+# - Cross-entropy on bf16 logits returns a bf16 loss; on the CPU it differs from the float32
+#   loss rounded once (log-probabilities and their mean in bf16); upcast at the loss or run it
+#   under autocast. Optimizer states follow the parameters' dtype.
 #
 # .. admonition:: References
 #
