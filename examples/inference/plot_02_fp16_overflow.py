@@ -29,8 +29,8 @@ print(f"largest finite fp16: {fp16_max:.6g}; largest finite bf16: {bf16_max:.6g}
 # One head of width 128, eight positions: standard normal queries scaled by 24 stand in for
 # large activations. The keys equal the queries, so a diagonal score is a sum of 128 squares.
 WIDTH = 128
-gen = torch.Generator(device=dev).manual_seed(0)
-q = torch.randn(1, 1, 8, WIDTH, device=dev, generator=gen) * 24
+gen = torch.Generator().manual_seed(0)  # drawn on the CPU: the same queries on every device
+q = torch.randn(1, 1, 8, WIDTH, generator=gen).to(dev) * 24
 k = q.clone()
 scores32 = q @ k.transpose(-1, -2)
 print(f"largest |score| in float32: {scores32.abs().max().item():.6g} "

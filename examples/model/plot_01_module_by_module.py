@@ -128,7 +128,8 @@ other = per_module.report(model, inputs, autocast="bfloat16", device=other_type)
 assert [c.key for c in other.calls] == [c.key for c in report.calls]
 differ = per_module.differences(report, other)
 attention = [r for r in differ.rows if r[0].endswith("self_attn")]
-assert attention
+if other.simulated:  # a simulated transformers model builds its mask (per_module.TRANSFORMERS_PATH)
+    assert attention
 differ
 
 # %%

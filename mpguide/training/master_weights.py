@@ -63,9 +63,9 @@ def train(
     if weights not in WEIGHTS:
         raise MPGuideError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
     dev = _device.pick() if dev is None else _device.resolve(str(dev))
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    x = torch.randn(256, 16, device=dev, generator=gen)
-    target = x @ (1 + 0.05 * torch.randn(16, 1, device=dev, generator=gen))
+    gen = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same data on every device
+    x = torch.randn(256, 16, generator=gen).to(dev)
+    target = x @ (1 + 0.05 * torch.randn(16, 1, generator=gen)).to(dev)
     dtype = torch.float32 if weights == "float32" else torch.bfloat16
     w = torch.ones(16, 1, device=dev, dtype=dtype, requires_grad=True)
     master = w.detach().float() if weights == "master" else None
