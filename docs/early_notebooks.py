@@ -13,6 +13,7 @@ fails is not stored: myst-nb executes it again when it reads it and reports the 
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,8 +22,14 @@ from sphinx.util import logging
 from sphinx.util.matching import Matcher
 
 logger = logging.getLogger(__name__)
-WORKERS = 2
-"""Pages executed at once; the gallery's workers run beside them."""
+
+
+def workers(pages: int) -> int:
+    """How many of ``pages`` to execute at once, beside the gallery's workers: a quarter of the
+    cores, counted as the gallery counts them (``MPGUIDE_DOCS_JOBS`` when set, as on a GPU
+    build, else the machine's), but at least two, and no more than there are pages."""
+    cores = int(os.environ.get("MPGUIDE_DOCS_JOBS") or os.cpu_count() or 1)
+    return max(1, min(pages, max(2, cores // 4)))
 
 
 def _pages(app) -> list[Path]:
@@ -93,8 +100,9 @@ def start(app, config) -> None:
                 todo.append(path)
     if not todo:
         return
-    logger.info(f"executing {len(todo)} notebook pages beside the gallery")
-    pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="early-notebook")
+    at_once = workers(len(todo))
+    logger.info(f"executing {len(todo)} notebook pages beside the gallery, {at_once} at once")
+    pool = ThreadPoolExecutor(at_once, thread_name_prefix="early-notebook")
     app._early_notebooks = {path: pool.submit(_execute, app, path) for path in todo}
     pool.shutdown(wait=False)
 
