@@ -145,11 +145,12 @@ mixed
 # %%
 rejects = versions.change("compile_rejects_mixed_matmul")
 assert "RuntimeError: expected scalar type" in mixed["eager"]
-if rejects.holds or dev.type != "cpu":
+if rejects.holds:
     assert all("RuntimeError: expected scalar type" in r for r in mixed.values())
-else:
+elif dev.type == "cpu":  # what the release note says, measured on the CPU
     assert mixed["inductor"] == "torch.float32"
-print(f"on torch {torch.__version__} ({dev.type}): {rejects.describe()}")
+print(f"on torch {torch.__version__} ({dev.type}): {rejects.describe()}"
+      + ("" if rejects.holds or dev.type == "cpu" else f"; inductor here: {mixed['inductor']}"))
 
 # %%
 # ``matmul`` does not promote: both operands must have one dtype (the eager message here is
@@ -182,9 +183,15 @@ fused = {"eager": outcome(linear_then_add, x),
 fused
 
 # %%
-assert fused == {"eager": "torch.float32", "inductor": "torch.float32"}
-print(f"on torch {torch.__version__} ({dev.type}): both give float32 (the add promotes); the "
-      "CUDA addmm crash of the thread is not reproduced on this device")
+assert fused["eager"] == "torch.float32"
+if dev.type == "cpu":  # a CPU build does not run the CUDA pattern of the thread
+    assert fused["inductor"] == "torch.float32"
+if fused["inductor"] == "torch.float32":
+    print(f"on torch {torch.__version__} ({dev.type}): both give float32 (the add promotes); the "
+          "CUDA addmm crash of the thread is not reproduced on this device")
+else:
+    print(f"on torch {torch.__version__} ({dev.type}): eager gives float32 (the add promotes); "
+          f"inductor: {fused['inductor']}")
 
 # %%
 # Eager runs the matmul in bf16 and lets the add promote to float32. An ``addmm`` computes
@@ -286,7 +293,8 @@ print(f"on torch {torch.__version__} ({dev.type}): the compiled weight gradient 
 # ``RuntimeError: invalid dtype for bias - should match query's dtype`` from a Llama block
 # compiled under fp16 autocast with a float attention mask. Reduced: a bf16 query (a projection
 # under autocast), float32 key and value, and a float32 additive mask, under bf16 autocast, live
-# on the CPU and simulated on CUDA (this build's dispatch rules on fake tensors):
+# on the CPU, and on CUDA live where this machine has a GPU, else simulated (this build's
+# dispatch rules on fake tensors):
 from mpguide.autocast import policy
 
 
