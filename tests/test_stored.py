@@ -173,3 +173,26 @@ def test_a_policy_of_every_op_is_kept_and_one_of_chosen_ops_is_not(tmp_path, mon
     policy.probe("cpu", torch.bfloat16, ops=ops)
     policy.probe("cuda", torch.bfloat16, ops=ops, simulate=True)
     assert len(list(tmp_path.glob("policy-*.pickle"))) == 2
+
+
+def test_a_policy_of_every_op_on_an_accelerator_is_kept_per_accelerator(tmp_path, monkeypatch):
+    # The pages of one GPU build ask for the live CUDA policy more than once (autocast/plot_02,
+    # plot_04): the first computes, the others read. Here the probe is a counter and the GPU a
+    # name, so the cache's own code runs on the CPU.
+    monkeypatch.setenv(stored.ENV, str(tmp_path))
+    gpu = device.Target(torch.device("cuda"), simulated=False)
+    probed = []
+
+    def fake_probe(target, dtype, ops, seed):
+        probed.append((target.device.type, dtype))
+        return policy.Policy("cuda", dtype, device.describe("cpu"), (), device.LIVE)
+
+    monkeypatch.setattr(policy, "_probe", fake_probe)
+    for name in ("GPU A", "GPU A", "GPU B"):
+        machine = device.Machine("cuda", name, torch.__version__, "CUDA 13.0")
+        monkeypatch.setattr(policy._device, "describe", lambda dev, m=machine: m)
+        assert policy.probe(gpu, torch.bfloat16).dtype == torch.bfloat16
+    assert probed == [("cuda", torch.bfloat16)] * 2  # GPU A once, GPU B once
+    policy.probe(gpu, torch.float16)
+    policy.probe(gpu, torch.bfloat16, ops=policy.registered()[:1])  # chosen ops: not kept
+    assert len(probed) == 4 and len(list(tmp_path.glob("policy-*.pickle"))) == 3

@@ -211,16 +211,18 @@ def probe(
     A device type this machine lacks, or any with ``simulate=True``, is simulated from this
     build's dispatch rules (see :func:`mpguide.core.device.target`); the result says so. The
     registered ops on a real accelerator run in a child process (:mod:`~mpguide.autocast.isolated`):
-    an op that crashes it is listed as such and the probe goes on. A simulated or CPU probe of
-    the registered ops is kept in ``$MPGUIDE_CACHE`` when that names a folder
-    (:mod:`mpguide.core.stored`).
+    an op that crashes it is listed as such and the probe goes on. A probe of the registered
+    ops (simulated, on the CPU, or on an accelerator, keyed by its name and CUDA) is kept in
+    ``$MPGUIDE_CACHE`` when that names a folder (:mod:`mpguide.core.stored`), so the pages of
+    one build probe a GPU once: a page asking while another computes waits and reads.
     """
     dtype = dtypes.autocast_dtype(dtype)
     target = dev if isinstance(dev, _device.Target) else _device.target(dev, simulate)
-    if ops is None and (target.simulated or target.device.type == "cpu"):
-        # The same on every run of this build on this machine: kept (GPUs are probed afresh).
+    if ops is None:  # the same on every run of this build on this machine (and accelerator)
         samples = importlib.util.find_spec("expecttest") is not None  # see catalogue.has_samples
         key = (target.device.type, target.simulated, str(dtype), seed, samples)
+        if not target.simulated and target.device.type != "cpu":
+            key += (repr(_device.describe(target.device)),)  # name, capability, CUDA
         return stored.kept("policy", key, lambda: _probe(target, dtype, None, seed), Policy)
     return _probe(target, dtype, ops, seed)
 
