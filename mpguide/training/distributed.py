@@ -72,19 +72,22 @@ def shard(
     of ``units`` as its own group, then ``model`` (the root group takes the parameters left),
     all with the mixed-precision ``policy`` (``None``: FSDP2's default policy). ``units``
     defaults to ``model``'s direct children that hold parameters; ``()`` makes the whole
-    model one group. Runs inside a process group (:func:`process_group`); returns ``model``,
-    sharded in place."""
+    model one group. Runs inside a process group (:func:`process_group`), on a CPU mesh on
+    every machine (FSDP2's default mesh is the accelerator's: on a GPU machine it would move
+    the model there); returns ``model``, sharded in place."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not dist.is_initialized():
         raise MPGuideError("shard needs a process group: call it inside process_group()")
     policy = MixedPrecisionPolicy() if policy is None else policy
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     if units is None:
         units = [m for m in model.children() if next(m.parameters(), None) is not None]
     for unit in units:
-        fully_shard(unit, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
