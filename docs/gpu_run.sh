@@ -8,7 +8,8 @@
 # installed by docs/gpu_env.sh). Outputs
 # land in $OUT (default build/gpu_run): the recording (docs/recorded/), the GPU tests' log, one
 # training step's CUDA trace (tests/data/gpu/), the model report's benchmark (docs/benchmarks/)
-# with a profile of one report (.prof, .txt), and the provenance of the run. Rehearse it on a
+# with a profile of one report (.prof, .txt), diff's benchmark beside DebugMode (diff_cuda.json,
+# with a profile where a goal is missed), and the provenance of the run. Rehearse it on a
 # CPU with `bash docs/gpu_run.sh --allow-cpu`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,11 +39,15 @@ if torch.cuda.is_available():
     print(subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version,memory.total',
                           '--format=csv,noheader'], capture_output=True, text=True).stdout)
 "
-step record 300 "$PY" docs/site_recordings.py --out "$OUT" --trace "$OUT/train_step_cuda.json.gz" "${allow[@]}"
+step record 240 "$PY" docs/site_recordings.py --out "$OUT" --trace "$OUT/train_step_cuda.json.gz" "${allow[@]}"
 step gpu_tests 120 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider tests
 dev=cuda
 [[ ${#allow[@]} -gt 0 ]] && dev=cpu
 step model_report 90 "$PY" benchmarks/model_report.py --device "$dev" --repeat 5 \
   --out "$OUT/model_report_$dev.json" --profile "$OUT/model_report_$dev.prof"
+only=()  # the CPU rehearsal times the stand-in only: the 12-layer model takes minutes there
+[[ $dev == cpu ]] && only=(--only stand-in)
+step diff_bench 90 "$PY" benchmarks/diff.py --device "$dev" --repeat 3 "${only[@]}" \
+  --out "$OUT/diff_$dev.json"
 cat "$OUT/provenance.log"
 exit $status
