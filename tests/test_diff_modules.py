@@ -173,3 +173,40 @@ def test_a_model_with_rounds_as_its_only_module_is_split():
     found = diff.diff(Rounds(torch.float16), torch.randn(8), dtype=torch.float32)
     (root,) = found.modules
     assert root.inherited == 0 and root.local == root.output > 0
+
+
+class Attends(nn.Module):
+    def __init__(self, dropout):
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q):
+        return nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=self.dropout)
+
+
+def test_attention_without_dropout_is_not_random_and_with_it_is():
+    # Attention's kernels may draw a dropout mask: asked for none, its result is the shadow's
+    # to compute (else the shadow would take the run's values and lose the error before it).
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 8, 16)
+    (calm,) = diff.diff(Attends(0.0), q, dtype=torch.bfloat16).modules
+    assert calm.local is not None and calm.inherited > 0 and calm.output > 0
+    (drawn,) = diff.diff(Attends(0.5), q, dtype=torch.bfloat16).modules
+    assert drawn.local is None and "random numbers" in drawn.why
+
+
+def test_the_error_budget_marks_calls_it_could_not_split():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mpguide.plots import models as model_plots
+
+    torch.manual_seed(0)
+    found = diff.diff(Stateful(), (torch.randn(4, 16), Cache()), autocast=torch.bfloat16)
+    fig, ax = plt.subplots()
+    model_plots.error_budget(found, modules=["lin", "counts", "mutates"], ax=ax)
+    (crosses,) = [line for line in ax.lines if line.get_gid() == "not re-run"]
+    assert list(crosses.get_xdata()) == [1, 2]
+    plt.close(fig)

@@ -77,7 +77,9 @@ class Rerun:
         for t in (*model.parameters(), *model.buffers()):
             if t.is_floating_point() and id(t) not in memo:
                 up = t.detach().to(device=device, dtype=reference, copy=True)
-                memo[id(t)] = torch.nn.Parameter(up, False) if isinstance(t, torch.nn.Parameter) else up
+                memo[id(t)] = (
+                    torch.nn.Parameter(up, False) if isinstance(t, torch.nn.Parameter) else up
+                )
         self.copy = copy.deepcopy(model, memo).to(device=device).eval()
         self.copy.requires_grad_(False)
         self.modules = dict(self.copy.named_modules())

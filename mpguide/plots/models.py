@@ -128,17 +128,15 @@ def error_budget(
     ax.bar(x, local, bottom=inherited, color=SERIES_COLOURS[1], width=0.6, gid="local")
     ax.plot(x, total, "o", color=INK, ms=5, gid="total")
     handles = [
-        Patch(color=SERIES_COLOURS[0], label="inherited: its inputs' error, carried through"),
-        Patch(color=SERIES_COLOURS[1], label="local: the error it adds itself"),
-        Line2D([], [], color=INK, marker="o", ls="none", label="total: its output's error"),
+        Patch(color=SERIES_COLOURS[0], label="inherited: received"),
+        Patch(color=SERIES_COLOURS[1], label="local: added itself"),
+        Line2D([], [], color=INK, marker="o", ls="none", label="total"),
     ]
     unsplit = [i for i, m in enumerate(chosen) if m.local is None]
     if unsplit:
         (crosses,) = ax.plot(unsplit, [0] * len(unsplit), "x", color=LOST_COLOUR, ms=7, mew=1.5)
         crosses.set_gid("not re-run")
-        handles.append(
-            Line2D([], [], color=LOST_COLOUR, marker="x", ls="none", label="not re-run: no split")
-        )
+        handles.append(Line2D([], [], color=LOST_COLOUR, marker="x", ls="none", label="not re-run"))
     ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=SMALL)
     ax.set_ylabel("‖error‖ / ‖float64 ref‖", fontsize=TEXT)
     ax.tick_params(axis="y", labelsize=TEXT)
