@@ -91,7 +91,8 @@ def add(sub, add_format: Callable[..., None]) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="re-run the K worst sources kept in float32, alone and one after another: the "
+        help="re-run the K worst sources kept in float32 (with --pure, and the K parameters, "
+        "buffers and inputs whose rounding errs most), alone and one after another: the "
         "final error each removes and what it costs (casts, bytes, time)",
     )
     s.add_argument(

@@ -25,8 +25,13 @@ its local error is 0, and (b) is not run either.
 
 Views (``t``, ``view``, ``expand``) compute nothing and are not recorded: the shadow carries
 them. Ops whose result is random (dropout's mask, ``randn``) give the shadow the run's own
-values; attention and dropout asked for no dropout are not random. Integers and booleans an op returns (top-k indices, masks) are counted where they differ
-from the shadow's.
+values; attention and dropout asked for no dropout are not random. Integers and booleans an op
+returns (top-k indices, masks) are counted where they differ from the shadow's.
+
+After :meth:`Shadow.split_modules`, each forward module call's first floating output is split
+the same way, one level up: its (b) is the call run again in the reference dtype on the run's
+own inputs (:mod:`mpguide.models.rerun`); where every input of the call is the shadow's, (b) is
+(a), and where the call ran no op and returned (a view of) its input, (b) is ``t``.
 An op that the reference dtype has no kernel for ends the run with one line naming it
 (:class:`NoReferenceKernel`).
 """
@@ -223,12 +228,10 @@ class Shadow(Recorder):
         with self._aside():
             seen = self.stack[-1]
             why, before = "", None
-            if self.rerun is None:
-                pass
-            elif torch._C._current_autograd_node() is not None:
+            if self.rerun is not None and torch._C._current_autograd_node() is not None:
                 why = "called in the backward pass (a recompute)"
-            else:
-                why, before = "", (self.rerun.state(module, args, kwargs), self._random)
+            elif self.rerun is not None:
+                before = (self.rerun.state(module, args, kwargs), self._random)
             self.spans[seen.key] = [
                 self._index,
                 None,
@@ -285,14 +288,7 @@ class Shadow(Recorder):
 
     def _value(self, value: Any) -> Any:
         """The error of the first floating tensor of ``value``: ``‖a‖, 0, 0, ‖t − a‖``."""
-        first = next(
-            (
-                t
-                for t in tree_leaves(value)
-                if isinstance(t, torch.Tensor) and t.is_floating_point()
-            ),
-            None,
-        )
+        first = first_floating(value)
         if first is None or not first.numel():
             return None
         with torch.no_grad():
