@@ -35,7 +35,7 @@ def test_local_and_inherited_bound_the_total_for_every_module_call(precision):
         assert all(m.local is not None and not m.why for m in found.modules)
         held, of = found.module_closure
         assert held == of == len(found.modules)
-        assert any(line.startswith("for module calls it held for") for line in found.findings())
+        assert any(f"it held for {of} of {of}" in line for line in found.findings())
 
 
 class Upcasts(nn.Module):

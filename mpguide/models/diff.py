@@ -223,7 +223,8 @@ class Diff:
         unsplit = [m for m in self.modules if m.local is None and m.why]
         if of or unsplit:
             out.append(
-                f"for module calls it held for {held} of {of}"
+                f"for module calls (each re-run in {dtypes.name(self.reference)} on the run's "
+                f"inputs) it held for {held} of {of}"
                 + (
                     f"; {len(unsplit)} calls not split, the first {unsplit[0].label}: "
                     f"{unsplit[0].why}"
