@@ -37,9 +37,11 @@ DESCRIPTION = (
 )
 
 COLUMNS = (
-    "Columns: local, inherited, total as above; worst op: the largest local error of a "
-    "source's ops; created (modules): the sum of the local errors of the forward ops it ran; "
-    "in err, out err: its first floating input and its output against the shadow; grad err: "
+    "Columns: local, inherited, total as above (for a module call, of its output, with the "
+    "call re-run in float64 on the run's inputs; empty where it could not be re-run); worst "
+    "op: the largest local error of a source's ops; created (modules): the sum of the local "
+    "errors of the forward ops it ran; in err: its first floating input against the shadow; "
+    "grad err: "
     "a parameter's gradient against the shadow's. Fix list: error (the final output's, with "
     "that row and every earlier one kept), logprob nats (for logits), drop (the share of the "
     "first error it removes), alone (with only that row kept), casts + and bytes + (the "
@@ -89,7 +91,8 @@ def add(sub, add_format: Callable[..., None]) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="re-run the K worst sources kept in float32, alone and one after another: the "
+        help="re-run the K worst sources kept in float32 (with --pure, and the K parameters, "
+        "buffers and inputs whose rounding errs most), alone and one after another: the "
         "final error each removes and what it costs (casts, bytes, time)",
     )
     s.add_argument(

@@ -288,7 +288,7 @@ def test_the_chapter_pages_planted_hazard_ranks_first_and_the_fix_recovers_its_s
     assert fixed.steps[0].module == "model.norm.1" and fixed.drop(0) > 0.5
 
 
-def test_the_error_budget_draws_received_and_created_per_module():
+def test_the_error_budget_draws_inherited_and_local_per_module():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -301,9 +301,9 @@ def test_the_error_budget_draws_received_and_created_per_module():
     fig, ax = plt.subplots()
     assert model_plots.error_budget(found, modules=["a", "planted", "b"], ax=ax) is fig
     bars = list(ax.patches)
-    assert len(bars) == 6  # received and created for each of three calls
-    created = {m.name: m.created for m in found.modules}
-    assert bars[4].get_height() == pytest.approx(created["planted"])
+    assert len(bars) == 6  # inherited and local for each of three calls
+    local = {m.name: m.local for m in found.modules}
+    assert bars[4].get_height() == pytest.approx(local["planted"])
     with pytest.raises(MPGuideError, match="no module 'c'"):
         model_plots.error_budget(found, modules=["c"])
     plt.close("all")

@@ -38,7 +38,7 @@ from mpguide.core import dtypes
 from mpguide.core.table import Table
 from mpguide.models import memory, per_module, recorder
 from mpguide.models.recorder import Say
-from mpguide.models.shadow import CAST, TOLERANCE, OpError, Shadow, upcast
+from mpguide.models.shadow import CAST, TOLERANCE, OpError, Shadow, bounded, upcast
 from mpguide.training.autograd import BACKWARD, FORWARD
 
 VIEWS = ("sources", "ops", "modules", "grads")
@@ -49,7 +49,12 @@ _PASS = {FORWARD: "fwd", BACKWARD: "bwd", CAST: "cast"}
 
 @dataclass(frozen=True)
 class ModuleError:
-    """One module call: the error its ops create, the error it receives and returns."""
+    """One module call: the error its ops create, the error it receives and returns, and its
+    output's error split as an op's is (see :mod:`mpguide.models.rerun`): *local*
+    ``‖t − b‖ / ‖a‖``, what the call adds itself, and *inherited* ``‖b − a‖ / ‖a‖``, what it
+    received, with ``t`` its first floating output, ``a`` the shadow's and ``b`` the same call
+    run in the reference dtype on the run's own inputs (``None`` where it could not be re-run:
+    :attr:`why` says why)."""
 
     name: str
     call: int
@@ -59,11 +64,21 @@ class ModuleError:
     worst: float
     input: float | None
     output: float | None
+    """Its output's error against the shadow: the *total*."""
     ops: int
+    local: float | None = None
+    inherited: float | None = None
+    why: str = ""
 
     @property
     def label(self) -> str:
         return recorder.label((self.name, self.call))
+
+    @property
+    def closes(self) -> bool | None:
+        """Whether ``|local − inherited| ≤ total ≤ local + inherited`` holds, within
+        :data:`~mpguide.models.shadow.TOLERANCE` (``None`` where an error is unknown)."""
+        return bounded(self.local, self.inherited, self.output)
 
 
 @dataclass(frozen=True)
@@ -151,6 +166,12 @@ class Diff:
         return sum(checked), len(checked)
 
     @property
+    def module_closure(self) -> tuple[int, int]:
+        """:attr:`closure` for the module calls with a local and inherited error."""
+        checked = [m.closes for m in self.modules if m.closes is not None]
+        return sum(checked), len(checked)
+
+    @property
     def tightness(self) -> float | None:
         """The median of ``total / (local + inherited)`` over the ops with an error: 1 where
         the two add up as vectors do in a line, ``1/√2`` where they are orthogonal."""
@@ -198,6 +219,19 @@ class Diff:
                 else ""
             )
         )
+        held, of = self.module_closure
+        unsplit = [m for m in self.modules if m.local is None and m.why]
+        if of or unsplit:
+            out.append(
+                f"for module calls (each re-run in {dtypes.name(self.reference)} on the run's "
+                f"inputs) it held for {held} of {of}"
+                + (
+                    f"; {len(unsplit)} calls not split, the first {unsplit[0].label}: "
+                    f"{unsplit[0].why}"
+                    if unsplit
+                    else ""
+                )
+            )
         return out
 
     def table(self, view: str = "sources", limit: int | None = 20) -> Table:
@@ -267,14 +301,23 @@ class Diff:
         )
 
     def _modules(self):
-        ranked = sorted(self.modules, key=lambda m: -m.created)
+        ranked = sorted(
+            self.modules,
+            key=lambda m: (m.local is None, -(m.local or 0.0), -m.created),
+        )
         return (
-            ("module", "type", "ops", "created", "worst op", "in err", "out err"),
-            [(m.label, m.kind, m.ops, m.created, m.worst, m.input, m.output) for m in ranked],
+            ("module", "type", "ops", "local", "inherited", "total", "in err", "created"),
+            [
+                (m.label, m.kind, m.ops, m.local, m.inherited, m.output, m.input, m.created)
+                for m in ranked
+            ],
             (
-                "created: the sum of the local errors of the forward ops it ran (its submodules' "
-                "too); worst op: the largest; in err, out err: its first floating input and its "
-                "output against the shadow, ‖error‖ / ‖ref‖"
+                "local: ‖t - b‖ / ‖a‖, what the call adds itself; inherited: ‖b - a‖ / ‖a‖; "
+                "total: ‖t - a‖ / ‖a‖ (t: its first floating output, a: the shadow's, b: the "
+                f"call re-run in {dtypes.name(self.reference)} on the run's inputs; empty where "
+                "it could not be re-run); in err: its first floating input against the shadow; "
+                "created: the sum of the local errors of the forward ops it ran (its "
+                "submodules' too)"
             ),
         )
 
@@ -394,6 +437,7 @@ def diff(
     run = per_module._run_name(autocast, dtype)
     shadow = Shadow(low_model, reference, progress and (progress, "run " + run, None))
     shadow.rounded(rounded(model, low_model, (args, kwargs), (low_args, low_kwargs)))
+    shadow.split_modules(model, target.device)
     params = [(n, p) for n, p in low_model.named_parameters() if p.requires_grad]
     notes = []
     start = time.perf_counter()
@@ -451,9 +495,10 @@ def _module_errors(shadow: Shadow, ops: tuple[OpError, ...]) -> tuple[ModuleErro
     index = [o.index for o in forward]
     found = []
     for s in shadow.seen:
-        first, end, into, out = shadow.spans[s.key]
+        first, end, into, out, before, why = shadow.spans[s.key]
         inside = forward[bisect_left(index, first) : bisect_left(index, end)]
         local = [o.local for o in inside if o.local is not None]
+        split = _split(out)
         found.append(
             ModuleError(
                 s.name,
@@ -462,16 +507,21 @@ def _module_errors(shadow: Shadow, ops: tuple[OpError, ...]) -> tuple[ModuleErro
                 s.depth,
                 sum(local),
                 max(local, default=0.0),
-                _ratio(into),
-                _ratio(out),
+                _split(into)[2],
+                split[2],
                 len(inside),
+                *((None, None) if before is None or why else split[:2]),
+                why,
             )
         )
     return tuple(found)
 
 
-def _ratio(norms: torch.Tensor | None) -> float | None:
+def _split(norms: torch.Tensor | None) -> tuple[float | None, float | None, float | None]:
+    """``local, inherited, total`` from :class:`~mpguide.models.shadow._Norms`' four norms."""
     if norms is None:
-        return None
-    norm, _, _, total = norms.tolist()
-    return total / norm if norm else (0.0 if total == 0 else float("inf"))
+        return None, None, None
+    norm, *errors = norms.tolist()
+    if norm:
+        return tuple(e / norm for e in errors)
+    return tuple(0.0 if e == 0 else float("inf") for e in errors)

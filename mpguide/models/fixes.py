@@ -7,8 +7,17 @@ inputs are upcast to float32 and a narrower floating ``dtype`` argument (autocas
 float32; under autocast the result stays float32, in a model cast whole it is cast back to the
 dtype the op returns unkept (found on meta tensors; the model's dtype where that is narrower) so
 the next op sees the dtypes it expects,
-and the parameters and buffers the op reads are the model's own, before the cast. An op that writes to its input is left
-as it is. Each source is tried alone, then they are applied one after another, the one that
+and the parameters and buffers the op reads (and views of them, ``weight.t()``) are the model's
+own, before the cast. An op that writes to its input is left as it is.
+
+In a model cast whole, the ``k`` parameters, buffers and inputs whose rounding before the run
+errs most (the diff's sources of phase ``cast``) are tried too. Keeping one in float32 means:
+every forward op that reads it, or a view of it, runs kept as above, reading that tensor's value
+before the cast (its other inputs upcast as the run has them, other rounded parameters
+included), and its result is cast back as above. The tensor is stored once in its float32 value
+beside the run's; the ops that read it pay an upcast of their other inputs and a cast back.
+
+Each source is tried alone, then they are applied one after another, the one that
 buys most first. For each step: the final output's error against the diff's reference (and the
 log-probability error in nats for a language model), the share of the first error removed, and
 the cost: the extra casts, the bytes they write, and the run's time against the same run with
@@ -24,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from mpguide import MPGuideError
@@ -54,10 +63,14 @@ class Keep(recorder.Recorder):
         kept: set[tuple[str, str]],
         back: torch.dtype | None,
         exact: WeakTensorKeyDictionary | None = None,
+        tensors: WeakTensorKeyDictionary | None = None,
     ):
         super().__init__(model, None, None)
         self.kept, self.back = kept, back
         self.exact = WeakTensorKeyDictionary() if exact is None else exact
+        self.tensors = WeakTensorKeyDictionary() if tensors is None else tensors
+        """The rounded tensors kept (parameters, buffers, inputs), each with its exact value:
+        an op that reads one (or a view of one) is kept, reading that one exact."""
         self.casts = 0
         self.bytes = 0
 
@@ -65,14 +78,26 @@ class Keep(recorder.Recorder):
         self.casts += 1
         self.bytes += out.numel() * out.element_size()
 
-    def _up(self, v: Any) -> Any:
+    def _up(self, v: Any, exact: WeakTensorKeyDictionary) -> Any:
         if isinstance(v, torch.Tensor) and _narrow(v.dtype):
-            found = self.exact.get(v)
+            found = exact.get(v)
+            if found is None:
+                found = self.tensors.get(v)
             v = v.float() if found is None else found.float()
             self._wrote(v)
         elif isinstance(v, torch.dtype) and _narrow(v):
             return torch.float32
         return v
+
+    def _view(self, func, args: tuple, kwargs: dict) -> Any:
+        """A view of a rounded tensor, and the same view of its exact value beside it (a kept
+        op reads ``weight.t()``, not ``weight``)."""
+        out = func(*args, **kwargs)
+        for exact in (self.exact, self.tensors):
+            found = exact.get(args[0])
+            if found is not None and isinstance(out, torch.Tensor):
+                exact[out] = func(found, *args[1:], **kwargs)
+        return out
 
     def _down(self, v: Any, dtype: Any) -> Any:
         """``v`` in the dtype the op returns unkept, or the model's where that is narrower
@@ -99,17 +124,24 @@ class Keep(recorder.Recorder):
         kwargs = kwargs or {}
         if self._paused or func.namespace in IGNORED_NAMESPACES:
             return func(*args, **kwargs)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if func.is_view and first is not None and (first in self.exact or first in self.tensors):
+            return self._view(func, args, kwargs)
+        forward = not func._schema.is_mutable and torch._C._current_autograd_node() is None
         keep = (
-            self.kept
-            and not func._schema.is_mutable
-            and torch._C._current_autograd_node() is None
+            forward
+            and self.kept
             and ((self.stack[-1].name if self.stack else ""), readers_line()) in self.kept
         )
+        exact = self.exact
+        if forward and not keep and self.tensors:
+            keep = any(isinstance(v, torch.Tensor) and v in self.tensors for v in tree_leaves(args))
+            exact = self.tensors
         expected = None
         if keep:
             if self.back is not None:  # the dtypes the op returns unkept, for the next op
                 expected = self._expected(func, args, kwargs)
-            args, kwargs = tree_map(self._up, (args, kwargs))
+            args, kwargs = tree_map(lambda v: self._up(v, exact), (args, kwargs))
         out = func(*args, **kwargs)
         i = dtypes.source_index(str(func))
         if i is not None and isinstance(out, torch.Tensor) and len(args) > i:
@@ -121,6 +153,22 @@ class Keep(recorder.Recorder):
         if isinstance(expected, torch.dtype):
             return tree_map(lambda v: self._down(v, expected if _floating(v) else None), out)
         return tree_map(self._down, out, expected)
+
+
+_KEPT_TENSOR = "\0tensor"
+"""The module part of a kept rounded tensor's key: ``(_KEPT_TENSOR, name)``."""
+
+
+def _key(s: _diff.Source) -> tuple[str, str]:
+    """What ``run`` keeps for a source: its module call's line, or a rounded tensor's name."""
+    return (_KEPT_TENSOR, s.line) if s.phase == _diff.CAST else (s.module, s.line)
+
+
+def _kind(name: str, model: torch.nn.Module) -> str:
+    """What a rounded tensor of the run is: a parameter, a buffer or an input."""
+    if name in dict(model.named_parameters()):
+        return "parameter"
+    return "buffer" if name in dict(model.named_buffers()) else "input"
 
 
 def _on_meta(v: Any) -> Any:
@@ -244,19 +292,28 @@ def fix_list(
     progress: recorder.Say | None = None,
 ) -> FixList:
     """The fix list of the ``k`` worst forward sources of ``found`` (a diff of the same model,
-    inputs and precision) and of the ``sources`` named (``(module, line)`` pairs, as
-    :class:`mpguide.models.diff.Source` names them); see the module's docstring."""
-    target, autocast, dtype, _, _, low_model, args, kwargs = _diff.prepare(
+    inputs and precision), of its ``k`` worst tensors rounded before the run (a model cast
+    whole), and of the ``sources`` named (``(module, line)`` pairs, as
+    :class:`mpguide.models.diff.Source` names them, a rounded tensor's line its name); see the
+    module's docstring."""
+    target, autocast, dtype, xargs, xkwargs, low_model, args, kwargs = _diff.prepare(
         model, inputs, autocast, dtype, device, False
     )
     logprobs = found.output.logprob is not None
     exact = WeakTensorKeyDictionary()
-    for _, _, low, original in _diff.rounded(model, low_model, (), ()):
-        exact[low] = original.detach()
+    rounded = {}  # each rounded tensor by name: the run's and its exact value
+    for name, _, low, original in _diff.rounded(model, low_model, (xargs, xkwargs), (args, kwargs)):
+        if not name.startswith("input "):  # a kept op reads the model's own parameters
+            exact[low] = original.detach()
+        rounded[name] = (low, original.detach())
     sync = timing.synchronizer(target.device)
 
     def run(kept: set[tuple[str, str]]) -> tuple[_diff.Output, int, int, float]:
-        keep = Keep(low_model, kept, dtype, exact)
+        tensors = WeakTensorKeyDictionary()
+        for name in (line for module, line in kept if module == _KEPT_TENSOR):
+            low, original = rounded[name]
+            tensors[low] = original
+        keep = Keep(low_model, kept, dtype, exact, tensors)
         times = []
         for _ in range(max(repeat, 1) + 1):  # the first run warms up, untimed
             keep.casts = keep.bytes = 0
@@ -278,33 +335,35 @@ def fix_list(
     base, base_casts, base_bytes, base_time = run(set())
     first = base.logprob if logprobs else base.error
     every = found.sources()
-    candidates = [s for s in every if s.local > 0][:k]
+    cast = [s for s in found.sources(_diff.CAST) if s.line in rounded]
+    candidates = [s for s in every if s.local > 0][:k] + [s for s in cast if s.local > 0][:k]
     for where in sources:
-        named = [s for s in every if (s.module, s.line) == tuple(where)]
+        named = [s for s in every + cast if (s.module, s.line) == tuple(where)]
         if not named:
             raise MPGuideError(
-                f"no forward source {where[0] or '(root)'} at {where[1]} in the diff"
+                f"no forward or cast source {where[0] or '(root)'} at {where[1]} in the diff"
             )
         if named[0] not in candidates:
             candidates.append(named[0])
     alone = {}
     for s in candidates:
-        out = run({(s.module, s.line)})[0]
+        out = run({_key(s)})[0]
         after = out.logprob if logprobs else out.error
-        alone[(s.module, s.line)] = (first - after) / first if first else 0.0
+        alone[_key(s)] = (first - after) / first if first else 0.0
     if progress is not None:
         progress(f"fix list: {len(candidates)} sources tried alone")
-    order = sorted(candidates, key=lambda s: -alone[(s.module, s.line)])
+    order = sorted(candidates, key=lambda s: -alone[_key(s)])
     steps, kept = [], set()
     for s in order:
-        kept.add((s.module, s.line))
+        kept.add(_key(s))
         out, casts, size, seconds = run(set(kept))
+        cast = s.phase == _diff.CAST
         steps.append(
             Step(
-                s.module,
-                s.line,
-                s.names,
-                alone[(s.module, s.line)],
+                s.line if cast else s.module,
+                "cast " + s.names if cast else s.line,
+                _kind(s.line, low_model) if cast else s.names,
+                alone[_key(s)],
                 out.error,
                 out.logprob,
                 casts - base_casts,
@@ -318,6 +377,7 @@ def fix_list(
     if found.sources(_diff.CAST):
         notes.append(
             "a kept op reads the parameters and buffers as they were before the cast to the "
-            "model's dtype; the rounded ones are not sources the list tries by themselves"
+            "model's dtype; a kept parameter, buffer or input (cast ...): the ops that read it "
+            "run in float32 on its value before the cast, their results cast back"
         )
     return FixList(found.model, found.run, base.error, base.logprob, tuple(steps), tuple(notes))

@@ -25,8 +25,13 @@ its local error is 0, and (b) is not run either.
 
 Views (``t``, ``view``, ``expand``) compute nothing and are not recorded: the shadow carries
 them. Ops whose result is random (dropout's mask, ``randn``) give the shadow the run's own
-values. Integers and booleans an op returns (top-k indices, masks) are counted where they differ
-from the shadow's.
+values; attention and dropout asked for no dropout are not random. Integers and booleans an op
+returns (top-k indices, masks) are counted where they differ from the shadow's.
+
+After :meth:`Shadow.split_modules`, each forward module call's first floating output is split
+the same way, one level up: its (b) is the call run again in the reference dtype on the run's
+own inputs (:mod:`mpguide.models.rerun`); where every input of the call is the shadow's, (b) is
+(a), and where the call ran no op and returned (a view of) its input, (b) is ``t``.
 An op that the reference dtype has no kernel for ends the run with one line naming it
 (:class:`NoReferenceKernel`).
 """
@@ -46,6 +51,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from mpguide import MPGuideError, error_line
 from mpguide.core.dtypes import IGNORED_NAMESPACES
 from mpguide.models.recorder import Recorder, Say
+from mpguide.models.rerun import Rerun, first_floating
 from mpguide.training.autograd import BACKWARD, FORWARD
 
 TOLERANCE = 1e-9
@@ -92,15 +98,16 @@ class OpError:
     def closes(self) -> bool | None:
         """Whether ``|local − inherited| ≤ total ≤ local + inherited`` holds, within
         :data:`TOLERANCE` (``None`` where an error is unknown or not finite)."""
-        nums = (self.local, self.inherited, self.total)
-        if any(x is None or not math.isfinite(x) for x in nums):
-            return None
-        slack = TOLERANCE * (self.local + self.inherited) + 1e-300
-        return (
-            abs(self.local - self.inherited) - slack
-            <= self.total
-            <= (self.local + self.inherited + slack)
-        )
+        return bounded(self.local, self.inherited, self.total)
+
+
+def bounded(local: float | None, inherited: float | None, total: float | None) -> bool | None:
+    """Whether ``|local − inherited| ≤ total ≤ local + inherited`` holds, within
+    :data:`TOLERANCE` (``None`` where an error is unknown or not finite)."""
+    if any(x is None or not math.isfinite(x) for x in (local, inherited, total)):
+        return None
+    slack = TOLERANCE * (local + inherited) + 1e-300
+    return abs(local - inherited) - slack <= total <= local + inherited + slack
 
 
 def upcast(t: Any, ref: torch.dtype) -> Any:
@@ -164,8 +171,11 @@ class Shadow(Recorder):
         self._index = 0
         self._norms = _Norms(reference)
         self.spans: dict[tuple[str, int], list] = {}
-        """Each module call: its first op's index, the index after its last, and the norms of
-        its first floating input and of its output."""
+        """Each module call: its first op's index, the index after its last, the norms of its
+        first floating input, the norms of its output (with its (b) where :attr:`rerun` gave
+        one), what re-running it needs unchanged, and why it got no (b) (empty where it did)."""
+        self.rerun: Rerun | None = None
+        self._random = 0
 
     def shadow_of(self, t: torch.Tensor) -> torch.Tensor:
         """The shadow's value of a tensor of the run (its upcast where the run made it
@@ -199,29 +209,86 @@ class Shadow(Recorder):
                 to = "to " + str(low.dtype).removeprefix("torch.")
                 self._add(CAST, module, 0, name, to, stats, low.numel())
 
+    def split_modules(self, model: torch.nn.Module, device: torch.device) -> None:
+        """Split each forward module call's error too, with (b) from a copy of ``model`` (the
+        model as the reader gave it) in the reference dtype (:class:`Rerun`), whose parameters
+        and buffers become the shadow's values of the run's."""
+        self.rerun = Rerun(model, self.reference, device)
+        for kind in ("named_parameters", "named_buffers"):
+            copies = dict(getattr(self.rerun.copy, kind)())
+            for name, low in getattr(self.model, kind)():
+                ref = copies.get(name)
+                if ref is None or not ref.is_floating_point() or ref.shape != low.shape:
+                    continue
+                found = self.shadows.get(low)
+                self.shadows[low] = (ref, True if found is None else found[1])
+
     def _pre(self, module, args, kwargs, name) -> None:
         super()._pre(module, args, kwargs, name)
         with self._aside():
             seen = self.stack[-1]
-            self.spans[seen.key] = [self._index, None, self._value((args, kwargs)), None]
+            why, before = "", None
+            if self.rerun is not None and torch._C._current_autograd_node() is not None:
+                why = "called in the backward pass (a recompute)"
+            elif self.rerun is not None:
+                before = (self.rerun.state(module, args, kwargs), self._random)
+            self.spans[seen.key] = [
+                self._index,
+                None,
+                self._value((args, kwargs)),
+                None,
+                before,
+                why,
+            ]
 
     def _post(self, module, args, kwargs, output) -> None:
         key = self.stack[-1].key
         with self._aside():
             span = self.spans[key]
-            span[1], span[3] = self._index, self._value(output)
+            span[1] = self._index
+            if span[4] is None:
+                span[3] = self._value(output)
+            else:
+                span[3], span[5] = self._split(module, key[0], args, kwargs, output, span)
         super()._post(module, args, kwargs, output)
+
+    def _split(self, module, name, args, kwargs, output, span) -> tuple[Any, str]:
+        """A module call's norms with its (b), and why there is none where there is not (its
+        norms then as :meth:`_value` gives them)."""
+        state, random = span[4]
+        if self._random != random:
+            return self._value(output), "it drew random numbers (a re-run draws others)"
+        if self.rerun.state(module, args, kwargs) != state:
+            return self._value(output), "its forward changed its inputs or its own state"
+        t = first_floating(output)
+        if t is None or not t.numel():
+            return None, "it returned no floating tensor"
+        with torch.no_grad():
+            a, t = self._of(t)[0], t.detach()
+            if t.shape != a.shape:
+                return None, "its output's shadow has another shape"
+            tensors = [v for v in tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+            if span[0] == span[1] and any(
+                v.is_floating_point()
+                and t.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+                for v in tensors
+            ):  # no op ran: it returned (a view of) its input, exactly
+                b = None
+            elif all(self._of(v)[1] for v in tensors):  # fed exact inputs: (b) is (a)
+                b = a
+            else:
+                b, why = self.rerun.output(name, args, kwargs)
+                if b is None:
+                    return self._value(output), why
+                if b.shape != a.shape:
+                    return self._value(output), "its re-run returned another shape"
+            if t.element_size() == 1:
+                t = upcast(t, self.reference)
+            return self._norms(t, b, a), ""
 
     def _value(self, value: Any) -> Any:
         """The error of the first floating tensor of ``value``: ``‖a‖, 0, 0, ‖t − a‖``."""
-        first = next(
-            (
-                t
-                for t in tree_leaves(value)
-                if isinstance(t, torch.Tensor) and t.is_floating_point()
-            ),
-            None,
-        )
+        first = first_floating(value)
         if first is None or not first.numel():
             return None
         with torch.no_grad():
@@ -273,7 +340,8 @@ class Shadow(Recorder):
             return
         ref = self.reference
         name = str(func)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if _draws(func, args, kwargs):
+            self._random += 1
             for t in outs:
                 self.shadows[t] = (upcast(t, ref), True)
             return
@@ -364,6 +432,19 @@ class Shadow(Recorder):
                 OpError(index, op, phase, module, call, line, *errors, n, changed, int(row[5]))
             )
         return out
+
+
+def _draws(func, args: tuple, kwargs: dict) -> bool:
+    """Whether the op draws random numbers: a seeded op (dropout, ``randn``, attention with
+    dropout) unless asked for none (``dropout_p`` or ``p`` 0, ``train`` false), as attention in
+    eval mode is."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    for i, arg in enumerate(func._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(arg.name, arg.default_value)
+        if (arg.name in ("dropout_p", "p") and value == 0) or (arg.name == "train" and not value):
+            return False
+    return True
 
 
 def _fresh(v: Any, ref: torch.dtype) -> Any:

@@ -1,5 +1,5 @@
 """The your-model chapter: the per-module report's error, call by call, and the error budget of
-a diff (what each layer receives and what it creates)."""
+a diff (what each layer inherits and what it adds itself)."""
 
 from __future__ import annotations
 
@@ -91,12 +91,14 @@ def module_errors(
 def error_budget(
     found: Diff, *, modules: Sequence[str] | None = None, title: str = "", ax: Axes | None = None
 ) -> Figure:
-    """Where the error of each layer comes from, one stacked bar per module call: the error it
-    received (its first floating input against the float64 shadow) below, the error its own
-    ops create (the sum of their local errors) on top, and a dot at the error it returns.
-    ``modules``: the qualified names to draw (each call of each); default: the numbered
-    children of the model's longest list of modules (``model.layers.0``, ...), else the
-    model's children."""
+    """Where the error of each layer comes from, one stacked bar per module call, split as an
+    op's error is (:class:`mpguide.models.diff.ModuleError`): below, the error it *inherited*
+    (its inputs' error, carried through it: ``‖b − a‖ / ‖a‖``), on top the error it adds
+    itself (*local*, ``‖t − b‖ / ‖a‖``), and a dot at its output's error, the *total*: since
+    ``t − a = (t − b) + (b − a)`` the dot is never above the bar's top. A call that could not
+    be re-run has no bar, only its dot and a cross at 0. ``modules``: the qualified names to
+    draw (each call of each); default: the numbered children of the model's longest list of
+    modules (``model.layers.0``, ...), else the model's children."""
     import re
 
     from matplotlib.lines import Line2D
@@ -115,25 +117,31 @@ def error_budget(
         chosen = [m for m in calls if m.name in modules]
     if not chosen:
         raise MPGuideError("no module calls to draw")
+    nan = float("nan")
     labels = [m.label for m in chosen]
-    received = [m.input or 0.0 for m in chosen]
-    created = [m.created for m in chosen]
-    returned = [m.output if m.output is not None else float("nan") for m in chosen]
+    inherited = [nan if m.inherited is None else m.inherited for m in chosen]
+    local = [nan if m.local is None else m.local for m in chosen]
+    total = [nan if m.output is None else m.output for m in chosen]
     fig, ax, own = axes(ax, (max(6.0, 0.6 * len(chosen) + 3), 4.4))
     x = range(len(chosen))
-    ax.bar(x, received, color=SERIES_COLOURS[0], width=0.6, gid="inherited")
-    ax.bar(x, created, bottom=received, color=SERIES_COLOURS[1], width=0.6, gid="created")
-    ax.plot(x, returned, "o", color=INK, ms=5, gid="returned")
+    ax.bar(x, inherited, color=SERIES_COLOURS[0], width=0.6, gid="inherited")
+    ax.bar(x, local, bottom=inherited, color=SERIES_COLOURS[1], width=0.6, gid="local")
+    ax.plot(x, total, "o", color=INK, ms=5, gid="total")
+    handles = [
+        Patch(color=SERIES_COLOURS[0], label="inherited: received"),
+        Patch(color=SERIES_COLOURS[1], label="local: added itself"),
+        Line2D([], [], color=INK, marker="o", ls="none", label="total"),
+    ]
+    unsplit = [i for i, m in enumerate(chosen) if m.local is None]
+    if unsplit:
+        (crosses,) = ax.plot(unsplit, [0] * len(unsplit), "x", color=LOST_COLOUR, ms=7, mew=1.5)
+        crosses.set_gid("not re-run")
+        handles.append(Line2D([], [], color=LOST_COLOUR, marker="x", ls="none", label="not re-run"))
     ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=SMALL)
     ax.set_ylabel("‖error‖ / ‖float64 ref‖", fontsize=TEXT)
     ax.tick_params(axis="y", labelsize=TEXT)
     ax.grid(True, axis="y", alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
-    handles = [
-        Patch(color=SERIES_COLOURS[0], label="inherited: error of its input"),
-        Patch(color=SERIES_COLOURS[1], label="created: sum of its ops' local errors"),
-        Line2D([], [], color=INK, marker="o", ls="none", label="error of its output"),
-    ]
-    legend_below(fig, ax, own, handles, ncol=3)
+    legend_below(fig, ax, own, handles, ncol=len(handles))
     heading(fig, ax, own, title)
     return fig
