@@ -18,6 +18,7 @@ one untimed).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -33,9 +34,9 @@ from mpguide.core import dtypes, timing
 from mpguide.core.dtypes import IGNORED_NAMESPACES
 from mpguide.core.table import Table
 from mpguide.models import diff as _diff
-from mpguide.models import recorder
+from mpguide.models import quantizing, recorder
 from mpguide.models.memory import size_text
-from mpguide.models.shadow import readers_line
+from mpguide.models.shadow import QUANTIZE, readers_line
 
 
 def _narrow(dt: torch.dtype) -> bool:
@@ -85,6 +86,22 @@ class Keep(recorder.Recorder):
             v = v.to(dtype)
             self._wrote(v)
         return v
+
+    def quantizer(self, target: str, kept: set[tuple[str, str]]) -> quantizing.Quantize:
+        """A low-bit run's quantization (:mod:`mpguide.models.quantizing`), but for the layers
+        of the ``kept`` sources: each quantized tensor counted as a conversion that writes its
+        values at the target's bits per value."""
+
+        def quantize(layer: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            if (layer, readers_line()) in kept:
+                return x
+            with self._aside(), torch.no_grad():
+                q, bits = quantizing.values(x, target, transposed)
+            self.casts += 1
+            self.bytes += round(q.numel() * bits / 8)
+            return q
+
+        return quantize
 
     def _expected(self, func, args: tuple, kwargs: dict) -> Any:
         """The dtypes ``func`` returns on these arguments, from its meta kernel; where it has
@@ -239,15 +256,19 @@ def fix_list(
     sources: tuple[tuple[str, str], ...] = (),
     autocast: torch.dtype | str | None = None,
     dtype: torch.dtype | str | None = None,
+    target: str | None = None,
     device: _device.Target | torch.device | str | None = None,
     repeat: int = 3,
     progress: recorder.Say | None = None,
 ) -> FixList:
     """The fix list of the ``k`` worst forward sources of ``found`` (a diff of the same model,
     inputs and precision) and of the ``sources`` named (``(module, line)`` pairs, as
-    :class:`mpguide.models.diff.Source` names them); see the module's docstring."""
+    :class:`mpguide.models.diff.Source` names them); see the module's docstring. With a
+    low-bit ``target``, the sources are the quantized layers' calls, and a kept one runs
+    unquantized."""
+    lowbit = target
     target, autocast, dtype, _, _, low_model, args, kwargs = _diff.prepare(
-        model, inputs, autocast, dtype, device, False
+        model, inputs, autocast, dtype, device, False, lowbit
     )
     logprobs = found.output.logprob is not None
     exact = WeakTensorKeyDictionary()
@@ -256,7 +277,8 @@ def fix_list(
     sync = timing.synchronizer(target.device)
 
     def run(kept: set[tuple[str, str]]) -> tuple[_diff.Output, int, int, float]:
-        keep = Keep(low_model, kept, dtype, exact)
+        keep = Keep(low_model, set() if lowbit else kept, dtype, exact)
+        quantize = keep.quantizer(lowbit, kept) if lowbit else None
         times = []
         for _ in range(max(repeat, 1) + 1):  # the first run warms up, untimed
             keep.casts = keep.bytes = 0
@@ -265,6 +287,9 @@ def fix_list(
             with (
                 recorder.eval_mode(low_model),
                 keep.hooked(),
+                quantizing.layers_quantized(low_model, quantize)
+                if quantize
+                else contextlib.nullcontext(),
                 torch.no_grad(),
                 _device.autocast(target, autocast),
             ):
@@ -278,12 +303,15 @@ def fix_list(
     base, base_casts, base_bytes, base_time = run(set())
     first = base.logprob if logprobs else base.error
     every = found.sources()
+    if lowbit:
+        every = [s for s in every if any(o.op.startswith(QUANTIZE) for o in s.ops)]
     candidates = [s for s in every if s.local > 0][:k]
     for where in sources:
         named = [s for s in every if (s.module, s.line) == tuple(where)]
         if not named:
             raise MPGuideError(
-                f"no forward source {where[0] or '(root)'} at {where[1]} in the diff"
+                f"no {'quantized layer' if lowbit else 'forward source'} "
+                f"{where[0] or '(root)'} at {where[1]} in the diff"
             )
         if named[0] not in candidates:
             candidates.append(named[0])
@@ -315,6 +343,13 @@ def fix_list(
     notes = [
         "errors against the diff's float64 shadow; times of this run, noisy on a shared machine"
     ]
+    if lowbit:
+        notes.append(
+            f"kept: the layer's input and weight not quantized to {lowbit}, its GEMM in the "
+            "model's dtype; casts +, bytes +: the quantizations it no longer runs, each "
+            "counted as a conversion writing its values at the target's bits; time ×: of "
+            "this emulation"
+        )
     if found.sources(_diff.CAST):
         notes.append(
             "a kept op reads the parameters and buffers as they were before the cast to the "

@@ -28,7 +28,8 @@ them. Ops whose result is random (dropout's mask, ``randn``) give the shadow the
 values. Integers and booleans an op returns (top-k indices, masks) are counted where they differ
 from the shadow's.
 An op that the reference dtype has no kernel for ends the run with one line naming it
-(:class:`NoReferenceKernel`).
+(:class:`NoReferenceKernel`). Under a low-bit target, a linear layer's input or weight
+quantized is an op of its own (:meth:`Shadow.quantizer`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from mpguide import MPGuideError, error_line
 from mpguide.core.dtypes import IGNORED_NAMESPACES
+from mpguide.models import quantizing
 from mpguide.models.recorder import Recorder, Say
 from mpguide.training.autograd import BACKWARD, FORWARD
 
@@ -54,6 +56,10 @@ TOLERANCE = 1e-9
 CAST = "cast"
 """The phase of the model's parameters, buffers and inputs rounded before the run
 (``--pure``): each is a source of error with no op of its own."""
+
+QUANTIZE = "quantize "
+"""The name of a layer's input or weight quantized to a low-bit target (``quantize nvfp4``):
+emulation, recorded as one op of its own."""
 
 _EMPTY = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_strided")
 """Ops that return memory unwritten: no error of their own."""
@@ -198,6 +204,36 @@ class Shadow(Recorder):
                 stats = torch.cat([self._norms(low.detach(), ref, ref), ref.new_zeros(2)])
                 to = "to " + str(low.dtype).removeprefix("torch.")
                 self._add(CAST, module, 0, name, to, stats, low.numel())
+
+    def quantizer(self, target: str) -> quantizing.Quantize:
+        """Quantizing a linear layer's input or weight to ``target``
+        (:func:`mpguide.models.quantizing.layers_quantized`): emulation, not the model's ops, so
+        computed aside and recorded as one op, ``quantize TARGET``, in the layer's call at the
+        reader's line. With ``x`` the run's tensor, ``q`` its quantized values and ``a`` the
+        shadow's: local ``‖q − x‖ / ‖a‖`` (what quantizing adds), inherited ``‖x − a‖ / ‖a‖``,
+        total ``‖q − a‖ / ‖a‖``. ``q``'s shadow is ``x``'s, the exact value: the GEMM that
+        follows inherits the quantization's error."""
+
+        def quantize(layer: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            with self._aside(), torch.no_grad():
+                q = quantizing.values(x, target, transposed)[0]
+                a, exact = self._of(x)
+                b = a if exact else upcast(x.detach(), self.reference)
+                stats = self._norms(q, b, a)
+                phase, module, call, line, _ = self._where()
+                self.shadows[q] = (a, False)
+                self._add(
+                    phase,
+                    module,
+                    call,
+                    line,
+                    QUANTIZE + target,
+                    torch.cat([stats, stats.new_zeros(2)]),
+                    q.numel(),
+                )
+            return q
+
+        return quantize
 
     def _pre(self, module, args, kwargs, name) -> None:
         super()._pre(module, args, kwargs, name)
