@@ -196,3 +196,11 @@ def test_the_fix_list_keeps_the_planted_layer_unquantized_first():
     with pytest.raises(MPGuideError, match="no quantized layer"):
         relu = next(s for s in found.sources() if s.names == "relu")
         fixes.fix_list(model, x, found, 0, sources=((relu.module, relu.line),), target="nvfp4")
+
+
+def test_a_weight_that_is_not_a_parameter_is_refused():
+    model, x = layers()
+    del model.b.weight
+    model.b.register_buffer("weight", torch.randn(64, 64))
+    with pytest.raises(MPGuideError, match="^b: its weight is neither a parameter"):
+        diff.diff(model, x, target="nvfp4")

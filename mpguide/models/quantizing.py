@@ -85,6 +85,10 @@ def layers_quantized(model: nn.Module, quantize: Quantize) -> Iterator[None]:
             if parametrize.is_parametrized(module, "weight"):
                 making = module.parametrizations["weight"]
                 handles.append(making.register_forward_hook(made(name, module)))
+            elif "weight" not in module._parameters:
+                raise MPGuideError(
+                    f"{name}: its weight is neither a parameter nor parametrized: not quantized"
+                )
         yield
     finally:
         for h in handles:
