@@ -202,5 +202,5 @@ def test_a_weight_that_is_not_a_parameter_is_refused():
     model, x = layers()
     del model.b.weight
     model.b.register_buffer("weight", torch.randn(64, 64))
-    with pytest.raises(MPGuideError, match="^b: its weight is neither a parameter"):
+    with pytest.raises(MPGuideError, match=r"^b: its weight is neither a parameter"):
         diff.diff(model, x, target="nvfp4")
