@@ -74,8 +74,8 @@ def add(sub, add_format: Callable[..., None]) -> None:
         help="run the model in its own dtype with every linear layer (torch.nn.Linear, "
         "transformers' Conv1D) computing on its input and weight quantized to a low-bit recipe "
         "or format, as model --target does (nvfp4, mxfp4, mxfp8, tensorwise, float8_e4m3fn, "
-        "...): each quantization is an op of its own, 'quantize FORMAT'; with --fix, a kept "
-        "layer runs unquantized; no --backward",
+        "...): each quantization is an op of its own, 'quantize FORMAT (input)' or '(weight)'; "
+        "with --fix, a kept layer runs unquantized; no --backward",
     )
     s.add_argument(
         "--device", help="cpu, cuda, ...: a device this machine has (default: cuda, else cpu)"

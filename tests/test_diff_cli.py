@@ -147,7 +147,7 @@ def test_a_target_ranks_the_planted_layer_first_with_its_fix(run, monkeypatch, t
     assert f"keep b ({where})" in text
     proc = run("diff_factories.py:layers", "--target", target, "--by", "ops", "--format", "json")
     rows = json.loads(proc.stdout)["rows"]
-    assert rows[0]["op"] == f"quantize {target}" and rows[0]["module"] == "b"
+    assert rows[0]["op"] == f"quantize {target} (weight)" and rows[0]["module"] == "b"
 
 
 def test_an_op_without_a_float64_kernel_is_named_and_float32_runs(run):

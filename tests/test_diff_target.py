@@ -53,7 +53,9 @@ def test_the_planted_weight_ranks_first(target):
     top = found.sources(FORWARD)[0]
     assert top.module == "b" and top.names == f"quantize {target}×2, addmm"
     worst = found.ranked(FORWARD)[0]
-    assert worst.module == "b" and worst.op == QUANTIZE + target and worst.inherited == 0
+    assert (
+        worst.module == "b" and worst.op == f"quantize {target} (weight)" and worst.inherited == 0
+    )
     # The planted weight's quantization: 5 rounds to 4, an error of a fifth on 15 of every 16
     # values, well past the others' (standard-normal weights, the layers' inputs).
     others = [o.local for o in quantize_ops(found) if o is not worst]
@@ -68,7 +70,8 @@ def test_every_op_closes_and_each_gemm_inherits_its_quantization(target):
     assert held == of == len(found.ops) and len(quantize_ops(found)) == 6
     for layer in ("a", "b", "c"):
         quantized_in, quantized_weight, gemm = [o for o in found.ops if o.module == layer]
-        assert quantized_in.op == quantized_weight.op == QUANTIZE + target
+        assert quantized_in.op == f"quantize {target} (input)"
+        assert quantized_weight.op == f"quantize {target} (weight)"
         assert gemm.op == "aten.addmm" and quantized_weight.inherited == 0
         # The GEMM is float32's: it adds float32 rounding, and inherits the quantization.
         assert gemm.local < 1e-6 < quantized_in.local

@@ -203,13 +203,13 @@ rope_fixed
 # ``target="nvfp4"`` (``--target nvfp4`` on the command line, with the targets of
 # ``mpguide model --target``) runs the model in float32 with each linear layer computing on
 # its input and its weight quantized to NVFP4 (emulated), the embedding left out. Each
-# quantization is an op of its own, ``quantize nvfp4``, placed in the layer's call at the line
-# that called the layer, and the layer's GEMM inherits its error. This run has no backward
+# quantization is an op of its own, ``quantize nvfp4 (input)`` or ``(weight)``, placed in the
+# layer's call at the line that called the layer, and the layer's GEMM inherits its error. This run has no backward
 # pass: the emulated quantization has no gradient of its own.
 lowbit = diff.diff(model, inputs, target="nvfp4", device=dev)
 lowbit_sources = lowbit.sources(FORWARD)
 layer_calls = [s for s in lowbit_sources if "quantize nvfp4" in s.names]
-quantizations = [o for o in lowbit.ops if o.op == "quantize nvfp4"]
+quantizations = [o for o in lowbit.ops if o.op.startswith("quantize nvfp4")]
 planted_rank = next(i for i, s in enumerate(lowbit_sources, 1) if s.module == PLANTED)
 lowbit_held, lowbit_checked = lowbit.closure
 assert lowbit_held == lowbit_checked and len(quantizations) == 2 * len(layer_calls)

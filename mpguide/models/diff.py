@@ -88,11 +88,12 @@ class Source:
         """Its ops by name, with counts: ``_to_copy×2, mm``."""
         counts: dict[str, int] = defaultdict(int)
         for o in self.ops:
-            base = (
-                o.op
-                if o.phase == CAST or o.op.startswith(QUANTIZE)
-                else o.op.split(" (")[0].split(".")[1]
-            )
+            if o.phase == CAST:
+                base = o.op
+            elif o.op.startswith(QUANTIZE):  # its input and its weight: one name
+                base = o.op.split(" (")[0]
+            else:
+                base = o.op.split(" (")[0].split(".")[1]
             counts[base] += 1
         return ", ".join(f"{k}×{n}" if n > 1 else k for k, n in counts.items())
 

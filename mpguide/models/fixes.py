@@ -92,7 +92,7 @@ class Keep(recorder.Recorder):
         of the ``kept`` sources: each quantized tensor counted as a conversion that writes its
         values at the target's bits per value."""
 
-        def quantize(layer: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+        def quantize(layer: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
             if (layer, readers_line()) in kept:
                 return x
             with self._aside(), torch.no_grad():

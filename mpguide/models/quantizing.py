@@ -22,9 +22,10 @@ from mpguide import MPGuideError
 from mpguide.models.lowbit_report import quantized
 from mpguide.precision import lowbit_errors
 
-Quantize = Callable[[str, torch.Tensor, bool], torch.Tensor]
-"""``(layer, tensor, transposed)`` to the tensor the layer computes on instead; ``transposed``
-where the GEMM's inner dimension is the tensor's first (a ``Conv1D``'s weight)."""
+Quantize = Callable[[str, str, torch.Tensor, bool], torch.Tensor]
+"""``(layer, what, tensor, transposed)`` to the tensor the layer computes on instead: ``what``
+is ``input`` or ``weight``, ``transposed`` where the GEMM's inner dimension is the tensor's
+first (a ``Conv1D``'s weight)."""
 
 
 def values(x: torch.Tensor, target: str, transposed: bool = False) -> tuple[torch.Tensor, float]:
@@ -38,30 +39,33 @@ def values(x: torch.Tensor, target: str, transposed: bool = False) -> tuple[torc
 @contextmanager
 def layers_quantized(model: nn.Module, quantize: Quantize) -> Iterator[None]:
     """Inside the block, each call of a linear layer of ``model`` computes on
-    ``quantize(name, input, False)`` and ``quantize(name, weight, transposed)``. Register it
+    ``quantize(name, "input", input, False)`` and ``quantize(name, "weight", weight,
+    transposed)``. Register it
     after a recorder's hooks, so that the recorder has entered the layer's call first."""
     handles = []
     swapped: dict[nn.Module, list[torch.Tensor]] = {}
 
-    def quantized_in(name: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+    def quantized_in(name: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
         try:
-            return quantize(name, x, transposed)
+            return quantize(name, what, x, transposed)
         except MPGuideError as err:  # a block that does not divide the layer's dimension
             raise MPGuideError(f"{name}: {err}") from None
 
     def before(name: str):
         def hook(module, args, kwargs):
             if args and torch.is_tensor(args[0]):
-                args = (quantized_in(name, args[0], False), *args[1:])
+                args = (quantized_in(name, "input", args[0], False), *args[1:])
             else:
                 key = next((k for k in ("input", "x") if torch.is_tensor(kwargs.get(k))), None)
                 if key is None:
                     raise MPGuideError(f"{name}: called without a tensor input to quantize")
-                kwargs = {**kwargs, key: quantized_in(name, kwargs[key], False)}
+                kwargs = {**kwargs, key: quantized_in(name, "input", kwargs[key], False)}
             if "weight" in module._parameters:  # a parametrized weight is quantized as it is made
                 weight = module._parameters["weight"]
                 swapped.setdefault(module, []).append(weight)
-                module._parameters["weight"] = quantized_in(name, weight, _transposed(module))
+                module._parameters["weight"] = quantized_in(
+                    name, "weight", weight, _transposed(module)
+                )
             return args, kwargs
 
         return hook
@@ -72,7 +76,7 @@ def layers_quantized(model: nn.Module, quantize: Quantize) -> Iterator[None]:
 
     def made(name: str, layer: nn.Module):
         def hook(module, args, output):
-            return quantized_in(name, output, _transposed(layer))
+            return quantized_in(name, "weight", output, _transposed(layer))
 
         return hook
 

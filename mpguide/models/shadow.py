@@ -58,8 +58,8 @@ CAST = "cast"
 (``--pure``): each is a source of error with no op of its own."""
 
 QUANTIZE = "quantize "
-"""The name of a layer's input or weight quantized to a low-bit target (``quantize nvfp4``):
-emulation, recorded as one op of its own."""
+"""How a layer's input or weight quantized to a low-bit target is named (``quantize nvfp4
+(weight)``): emulation, recorded as one op of its own."""
 
 _EMPTY = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_strided")
 """Ops that return memory unwritten: no error of their own."""
@@ -208,13 +208,13 @@ class Shadow(Recorder):
     def quantizer(self, target: str) -> quantizing.Quantize:
         """Quantizing a linear layer's input or weight to ``target``
         (:func:`mpguide.models.quantizing.layers_quantized`): emulation, not the model's ops, so
-        computed aside and recorded as one op, ``quantize TARGET``, in the layer's call at the
-        reader's line. With ``x`` the run's tensor, ``q`` its quantized values and ``a`` the
+        computed aside and recorded as one op, ``quantize TARGET (input)`` or ``(weight)``, in
+        the layer's call at the reader's line. With ``x`` the run's tensor, ``q`` its quantized values and ``a`` the
         shadow's: local ``‖q − x‖ / ‖a‖`` (what quantizing adds), inherited ``‖x − a‖ / ‖a‖``,
         total ``‖q − a‖ / ‖a‖``. ``q``'s shadow is ``x``'s, the exact value: the GEMM that
         follows inherits the quantization's error."""
 
-        def quantize(layer: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+        def quantize(layer: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
             with self._aside(), torch.no_grad():
                 q = quantizing.values(x, target, transposed)[0]
                 a, exact = self._of(x)
@@ -227,7 +227,7 @@ class Shadow(Recorder):
                     module,
                     call,
                     line,
-                    QUANTIZE + target,
+                    f"{QUANTIZE}{target} ({what})",
                     torch.cat([stats, stats.new_zeros(2)]),
                     q.numel(),
                 )
