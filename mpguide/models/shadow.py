@@ -209,9 +209,9 @@ class Shadow(Recorder):
         """Quantizing a linear layer's input or weight to ``target``
         (:func:`mpguide.models.quantizing.layers_quantized`): emulation, not the model's ops, so
         computed aside and recorded as one op, ``quantize TARGET (input)`` or ``(weight)``, in
-        the layer's call at the reader's line. With ``x`` the run's tensor, ``q`` its quantized values and ``a`` the
-        shadow's: local ``‖q − x‖ / ‖a‖`` (what quantizing adds), inherited ``‖x − a‖ / ‖a‖``,
-        total ``‖q − a‖ / ‖a‖``. ``q``'s shadow is ``x``'s, the exact value: the GEMM that
+        the layer's call at the reader's line. With ``x`` the run's tensor, ``q`` its quantized
+        values and ``a`` the shadow's: local ``‖q − x‖ / ‖a‖`` (what quantizing adds),
+        inherited ``‖x − a‖ / ‖a‖``, total ``‖q − a‖ / ‖a‖``. ``q``'s shadow is ``x``'s, the exact value: the GEMM that
         follows inherits the quantization's error."""
 
         def quantize(layer: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
