@@ -25,7 +25,8 @@ VIEWS = ("sources", "ops", "modules", "grads")
 HELP = "where your model's error comes from, op by op, and what keeping one op in float32 buys"
 
 DESCRIPTION = (
-    "Run your model in a low precision (under autocast, or cast whole with --pure) and, beside "
+    "Run your model in a low precision (under autocast, cast whole with --pure, or with its "
+    "linear layers quantized to a low-bit --target) and, beside "
     "it, a float64 shadow fed the same values at every op. For every op: its local error (what "
     "it adds itself: the run's output against the op run in float64 on the run's own "
     "inputs), its inherited error (that float64 result against the shadow's) and its total; "
@@ -61,7 +62,6 @@ def add(sub, add_format: Callable[..., None]) -> None:
     )
     s.add_argument(
         "--dtype",
-        default="bfloat16",
         metavar="DTYPE",
         help="bfloat16 (the default) or float16: run under autocast in it",
     )
@@ -69,6 +69,15 @@ def add(sub, add_format: Callable[..., None]) -> None:
         "--pure",
         action="store_true",
         help="cast the model and its floating inputs to --dtype instead of autocast",
+    )
+    s.add_argument(
+        "--target",
+        metavar="FORMAT",
+        help="run the model in its own dtype with every linear layer (torch.nn.Linear, "
+        "transformers' Conv1D) computing on its input and weight quantized to a low-bit recipe "
+        "or format, as model --target does (nvfp4, mxfp4, mxfp8, tensorwise, float8_e4m3fn, "
+        "...): each quantization is an op of its own, 'quantize FORMAT (input)' or '(weight)'; "
+        "with --fix, a kept layer runs unquantized; no --backward",
     )
     s.add_argument(
         "--device", help="cpu, cuda, ...: a device this machine has (default: cuda, else cpu)"
@@ -123,6 +132,7 @@ def run(args: argparse.Namespace) -> str:
     """The command: the ranking (and the fix list) in the chosen format."""
     from mpguide.core import dtypes
     from mpguide.models import diff, fixes, progress
+    from mpguide.precision import lowbit_errors
 
     if args.limit < 0:
         raise MPGuideError(f"--limit must be 0 (no limit) or more, got {args.limit}")
@@ -130,11 +140,19 @@ def run(args: argparse.Namespace) -> str:
         raise MPGuideError(f"--fix must be 0 or more sources, got {args.fix}")
     if args.by == "grads" and not args.backward:
         raise MPGuideError("--by grads needs --backward")
-    try:
-        low = dtypes.autocast_dtype(args.dtype)
-    except MPGuideError as err:
-        raise MPGuideError(f"--dtype: {err}") from None
-    precision = {"dtype": low} if args.pure else {"autocast": low}
+    if args.target is not None:
+        if args.pure or args.dtype is not None:
+            raise MPGuideError("--target runs the model in its own dtype: no --dtype or --pure")
+        if args.backward:
+            raise MPGuideError(f"--backward: {diff.NO_TARGET_BACKWARD}")
+        lowbit_errors.check_target(args.target)
+        precision = {"target": args.target}
+    else:
+        try:
+            low = dtypes.autocast_dtype(args.dtype or "bfloat16")
+        except MPGuideError as err:
+            raise MPGuideError(f"--dtype: {err}") from None
+        precision = {"dtype": low} if args.pure else {"autocast": low}
     model, inputs = _factory(args.spec)
     shown = progress.to_terminal()
     try:

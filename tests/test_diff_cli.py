@@ -43,6 +43,27 @@ class Single(nn.Module):
 
 def single():
     return Single(), torch.randn(4)
+
+
+class Layers(nn.Module):
+    # The planted hazard: b's weight sits between two points of fp4's grid (5 rounds to 4).
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.b = nn.Linear(64, 64)
+        self.c = nn.Linear(64, 32)
+        with torch.no_grad():
+            w = torch.full((64, 64), 1.25)
+            w[:, ::16] = 1.5
+            self.b.weight.copy_(w * torch.randn(64, 64).sign() / 8)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def layers():
+    torch.manual_seed(0)
+    return Layers(), torch.randn(8, 64)
 """
 
 
@@ -98,6 +119,10 @@ def test_csv_and_markdown_put_every_view(run, view):
         (["--by", "grads"], "--by grads needs --backward"),
         (["--limit", "-2"], "--limit must be"),
         (["--device", "meta"], "unknown device 'meta'"),
+        (["--target", "nvfp9"], "unknown target 'nvfp9'; choose one of tensorwise"),
+        (["--target", "nvfp4", "--pure"], "--target runs the model in its own dtype"),
+        (["--target", "nvfp4", "--dtype", "float16"], "no --dtype or --pure"),
+        (["--target", "nvfp4", "--backward"], "--backward: a low-bit target has no backward"),
     ],
 )
 def test_refused_input_is_one_line_and_status_2(run, args, message):
@@ -105,6 +130,24 @@ def test_refused_input_is_one_line_and_status_2(run, args, message):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("mpguide: error: ") and proc.stderr.count("\n") == 1
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize("target", ["nvfp4", "mxfp4"])
+def test_a_target_ranks_the_planted_layer_first_with_its_fix(run, monkeypatch, target):
+    monkeypatch.setenv("COLUMNS", "100")
+    proc = run("diff_factories.py:layers", "--target", target, "--fix", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert all(len(line) <= 100 for line in proc.stdout.splitlines())
+    text = " ".join(proc.stdout.split())
+    assert f"Layers op by op, linear layers quantized to {target}, against a float64" in text
+    line = next(i for i, s in enumerate(FACTORIES.splitlines(), 1) if "self.c(torch" in s)
+    where = f"diff_factories.py:{line}"
+    assert f"largest source: b at {where} (quantize {target}×2, addmm)" in text
+    assert f"fix list: Layers, linear layers quantized to {target}" in text
+    assert f"keep b ({where})" in text
+    proc = run("diff_factories.py:layers", "--target", target, "--by", "ops", "--format", "json")
+    rows = json.loads(proc.stdout)["rows"]
+    assert rows[0]["op"] == f"quantize {target} (weight)" and rows[0]["module"] == "b"
 
 
 def test_an_op_without_a_float64_kernel_is_named_and_float32_runs(run):

@@ -212,6 +212,45 @@ print(f"Keeping {freq_line.module} at {freq_line.line} in float32 "
 rope_fixed
 
 # %%
+# Under a low-bit target: linear layers in NVFP4
+# ----------------------------------------------
+# ``target="nvfp4"`` (``--target nvfp4`` on the command line, with the targets of
+# ``mpguide model --target``) runs the model in float32 with each linear layer computing on
+# its input and its weight quantized to NVFP4 (emulated), the embedding left out. Each
+# quantization is an op of its own, ``quantize nvfp4 (input)`` or ``(weight)``, placed in the
+# layer's call at the line that called the layer, and the layer's GEMM inherits its error. This run has no backward
+# pass: the emulated quantization has no gradient of its own.
+lowbit = diff.diff(model, inputs, target="nvfp4", device=dev)
+lowbit_sources = lowbit.sources(FORWARD)
+layer_calls = [s for s in lowbit_sources if "quantize nvfp4" in s.names]
+quantizations = [o for o in lowbit.ops if o.op.startswith("quantize nvfp4")]
+planted_rank = next(i for i, s in enumerate(lowbit_sources, 1) if s.module == PLANTED)
+lowbit_held, lowbit_checked = lowbit.closure
+assert lowbit_held == lowbit_checked and len(quantizations) == 2 * len(layer_calls)
+assert lowbit_sources[: len(layer_calls)] == layer_calls  # the layers first, then the rest
+smallest, largest = min(s.local for s in layer_calls), max(s.local for s in layer_calls)
+assert largest < 1.25 * smallest
+print(f"{len(layer_calls)} layer calls, {len(quantizations)} quantizations: the "
+      f"{len(layer_calls)} largest sources, local {smallest:.3g} to {largest:.3g}; the planted "
+      f"float8 rounding ranks {planted_rank} of {len(lowbit_sources)} (local "
+      f"{lowbit_sources[planted_rank - 1].local:.3g}). {lowbit_held} of {lowbit_checked} ops "
+      "hold the bounds.")
+lowbit.table("sources", limit=6)
+
+# %%
+# With random weights the layers here quantize alike: the largest source's local error is less
+# than 1.25 times the smallest's. The fix list keeps the three worst layers unquantized (in
+# float32), alone and then one after another, the one that buys most first; its ``alone``
+# column says what keeping each alone does to the log-probability error.
+lowbit_fixed = fixes.fix_list(model, inputs, lowbit, 3, target="nvfp4", device=dev, repeat=1)
+worse = [s for s in lowbit_fixed.steps if s.alone < 0]
+print(lowbit_fixed.sentence())
+print(f"Ranked first: {lowbit_sources[0].module}; kept first: {lowbit_fixed.steps[0].module}. "
+      f"{len(worse)} of {len(lowbit_fixed.steps)} layers kept alone made the log-probability "
+      "error larger.")
+lowbit_fixed
+
+# %%
 # Beside PyTorch's DebugMode
 # --------------------------
 # ``torch.utils._debug_mode.DebugMode`` (a private module, present on the torch this page runs
@@ -277,6 +316,10 @@ print(f"- Keeping it in float32 removed {100 * fixed.drop(0):.0f} % of the log-p
 print(f"- Cast whole to bf16 at position 8000, layer 0's rotation products were off by "
       f"{rope_error(pure):.3g}, {rope_error(pure) / rope_error(found):.0f} times their error under "
       "autocast, which keeps inv_freq in float32.")
+print(f"- With its linear layers quantized to NVFP4, the {len(layer_calls)} layer calls were the "
+      f"largest sources ({smallest:.3g} to {largest:.3g}), the planted rounding rank "
+      f"{planted_rank}; keeping the first layer of the fix list unquantized removed "
+      f"{100 * lowbit_fixed.drop(0):.0f} % of the log-probability error.")
 if has_debug_mode:
     print("- DebugMode logged both runs and refused to compare them: their op lists differ.")
 

@@ -1,9 +1,10 @@
 """Where your model's error comes from: op by op against a float64 shadow, forward and back.
 
-:func:`diff` runs the model once in the target precision (under autocast, or cast whole to a
-dtype with its floating inputs) inside :class:`mpguide.models.shadow.Shadow`, which carries a
-float64 run of the same model beside it, op by op, and splits each op's error into what the op
-adds itself (*local*) and what it received (*inherited*); see :mod:`mpguide.models.shadow` for
+:func:`diff` runs the model once in the target precision (under autocast, cast whole to a
+dtype with its floating inputs, or with its linear layers quantized to a low-bit target by
+:mod:`mpguide.models.quantizing`, each quantization an op of its own) inside
+:class:`mpguide.models.shadow.Shadow`, which carries a float64 run of the same model beside
+it, op by op, and splits each op's error into what the op adds itself (*local*) and what it received (*inherited*); see :mod:`mpguide.models.shadow` for
 the definitions and the check that they bound the total. Each op is placed in the innermost
 module running it (a backward op in the module whose forward op made its autograd node, as
 ``mpguide model`` places it) and at the reader's line that called it (a backward op at the
@@ -22,6 +23,7 @@ float32 and reports what that buys.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from bisect import bisect_left
@@ -36,9 +38,10 @@ from mpguide import MPGuideError
 from mpguide.core import device as _device
 from mpguide.core import dtypes
 from mpguide.core.table import Table
-from mpguide.models import memory, per_module, recorder
+from mpguide.models import lowbit_report, memory, per_module, quantizing, recorder
 from mpguide.models.recorder import Say
-from mpguide.models.shadow import CAST, TOLERANCE, OpError, Shadow, bounded, upcast
+from mpguide.models.shadow import CAST, QUANTIZE, TOLERANCE, OpError, Shadow, bounded, upcast
+from mpguide.precision import lowbit_errors
 from mpguide.training.autograd import BACKWARD, FORWARD
 
 VIEWS = ("sources", "ops", "modules", "grads")
@@ -100,7 +103,12 @@ class Source:
         """Its ops by name, with counts: ``_to_copy×2, mm``."""
         counts: dict[str, int] = defaultdict(int)
         for o in self.ops:
-            base = o.op if o.phase == CAST else o.op.split(" (")[0].split(".")[1]
+            if o.phase == CAST:
+                base = o.op
+            elif o.op.startswith(QUANTIZE):  # its input and its weight: one name
+                base = o.op.split(" (")[0]
+            else:
+                base = o.op.split(" (")[0].split(".")[1]
             counts[base] += 1
         return ", ".join(f"{k}×{n}" if n > 1 else k for k, n in counts.items())
 
@@ -371,10 +379,20 @@ def output_error(low: torch.Tensor, ref: torch.Tensor, logprobs: bool) -> Output
     return Output(error, nats)
 
 
-def prepare(model, inputs, autocast, dtype, device, backward):
+NO_TARGET_BACKWARD = (
+    "a low-bit target has no backward here: its quantization is emulated, with no gradient of "
+    "its own (no straight-through estimator is built)"
+)
+
+
+def prepare(model, inputs, autocast, dtype, device, backward, lowbit=None):
     """What a run needs, checked: ``(target, autocast, dtype, args, kwargs, low_model,
-    low_args, low_kwargs)``, the model copied where it must be cast or moved."""
-    autocast, dtype = per_module.precision(model, autocast, dtype)
+    low_args, low_kwargs)``, the model copied where it must be cast or moved. ``lowbit``: a
+    low-bit target, for which the model runs in its own dtype."""
+    checked = per_module.precision(model, autocast, dtype)
+    if lowbit is not None:
+        _check_lowbit(model, lowbit, autocast, dtype, backward)
+    autocast, dtype = (None, None) if lowbit is not None else checked
     if dtype is not None and (not dtype.is_floating_point or dtype == torch.float64):
         raise MPGuideError(f"cast to a floating dtype narrower than float64, not {dtype}")
     target = device if isinstance(device, _device.Target) else _device.target(device)
@@ -389,6 +407,29 @@ def prepare(model, inputs, autocast, dtype, device, backward):
     low_args, low_kwargs = _device.move(per_module._cast_floats((args, kwargs), dtype), target)
     args, kwargs = _device.move((args, kwargs), target)
     return target, autocast, dtype, args, kwargs, low_model, low_args, low_kwargs
+
+
+def _check_lowbit(model, lowbit, autocast, dtype, backward) -> None:
+    lowbit_errors.check_target(lowbit)
+    if autocast is not None or dtype is not None:
+        raise MPGuideError(
+            f"the target {lowbit} runs the model in its own dtype: give no autocast or dtype"
+        )
+    if backward:
+        raise MPGuideError(NO_TARGET_BACKWARD)
+    if not any(lowbit_report.quantized(m) for m in model.modules()):
+        raise MPGuideError(
+            "the model has no linear layer (torch.nn.Linear or transformers' Conv1D): nothing "
+            f"to quantize to {lowbit}"
+        )
+
+
+def run_name(autocast, dtype, lowbit=None) -> str:
+    """The run's precision in words: ``under autocast to bfloat16``, ``cast to float16``,
+    ``linear layers quantized to nvfp4``."""
+    if lowbit is not None:
+        return f"linear layers quantized to {lowbit}"
+    return per_module._run_name(autocast, dtype)
 
 
 def rounded(model, low_model, inputs, low_inputs) -> list[tuple[str, str, Any, Any]]:
@@ -415,6 +456,7 @@ def diff(
     *,
     autocast: torch.dtype | str | None = None,
     dtype: torch.dtype | str | None = None,
+    target: str | None = None,
     device: _device.Target | torch.device | str | None = None,
     backward: bool = False,
     reference: torch.dtype | str = torch.float64,
@@ -423,25 +465,34 @@ def diff(
     progress: Say | None = None,
 ) -> Diff:
     """Run ``model`` on ``inputs`` (a tensor, a tuple or list of arguments, or a dict of
-    keyword arguments) under ``autocast`` (bfloat16 by default) or cast whole to ``dtype``,
-    with a ``reference`` shadow (float64; float32 where an op has no float64 kernel), and
-    report where the error comes from (see the module's docstring). ``logprobs``: whether the
+    keyword arguments) under ``autocast`` (bfloat16 by default), cast whole to ``dtype``, or
+    in its own dtype with every linear layer computing on its input and weight quantized to
+    ``target`` (a target of ``mpguide model --target``: a recipe such as ``nvfp4``, or a
+    format cast without a scale; forward only), with a ``reference`` shadow (float64; float32
+    where an op has no float64 kernel), and report where the error comes from (see the
+    module's docstring). ``logprobs``: whether the
     output's last dimension is a vocabulary (default: where the output names ``logits``).
     The model is left as it was: it is copied where it must be cast or moved."""
     reference = dtypes.parse(reference)
     if reference not in (torch.float64, torch.float32):
         raise MPGuideError(f"the reference is float64 or float32, not {reference}")
+    lowbit = target
     target, autocast, dtype, args, kwargs, low_model, low_args, low_kwargs = prepare(
-        model, inputs, autocast, dtype, device, backward
+        model, inputs, autocast, dtype, device, backward, lowbit
     )
-    run = per_module._run_name(autocast, dtype)
+    run = run_name(autocast, dtype, lowbit)
     shadow = Shadow(low_model, reference, progress and (progress, "run " + run, None))
     shadow.rounded(rounded(model, low_model, (args, kwargs), (low_args, low_kwargs)))
     shadow.split_modules(model, target.device)
     params = [(n, p) for n, p in low_model.named_parameters() if p.requires_grad]
-    notes = []
+    notes = [] if lowbit is None else _lowbit_notes(model, lowbit)
+    quantized = (
+        quantizing.layers_quantized(low_model, shadow.quantizer(lowbit))
+        if lowbit is not None
+        else contextlib.nullcontext()
+    )
     start = time.perf_counter()
-    with recorder.eval_mode(low_model), shadow.hooked():
+    with recorder.eval_mode(low_model), shadow.hooked(), quantized:
         with torch.set_grad_enabled(backward), _device.autocast(target, autocast):
             out = low_model(*low_args, **low_kwargs)
         final = final_tensor(out)
@@ -487,6 +538,26 @@ def diff(
         tuple(notes),
         ref_final.detach(),
     )
+
+
+def _lowbit_notes(model: torch.nn.Module, lowbit: str) -> list[str]:
+    """What a low-bit run quantized and what it left out."""
+    notes = [
+        (
+            f"quantize {lowbit}: a linear layer's input or weight quantized (emulated, the "
+            "values in the model's dtype); its GEMM inherits that error"
+        )
+    ]
+    others = lowbit_report.left_out(model)
+    if others:
+        counted = ", ".join(
+            f"{n} {kind}" for kind, n in sorted(others.items(), key=lambda x: -x[1])
+        )
+        notes.append(
+            f"left out: {counted} (quantized: torch.nn.Linear and transformers' Conv1D, the "
+            "layers that multiply by a 2-D weight)"
+        )
+    return notes
 
 
 def _module_errors(shadow: Shadow, ops: tuple[OpError, ...]) -> tuple[ModuleError, ...]:

@@ -27,6 +27,7 @@ one untimed).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -42,9 +43,9 @@ from mpguide.core import dtypes, timing
 from mpguide.core.dtypes import IGNORED_NAMESPACES
 from mpguide.core.table import Table
 from mpguide.models import diff as _diff
-from mpguide.models import recorder
+from mpguide.models import quantizing, recorder
 from mpguide.models.memory import size_text
-from mpguide.models.shadow import readers_line
+from mpguide.models.shadow import QUANTIZE, readers_line
 
 
 def _narrow(dt: torch.dtype) -> bool:
@@ -110,6 +111,22 @@ class Keep(recorder.Recorder):
             v = v.to(dtype)
             self._wrote(v)
         return v
+
+    def quantizer(self, target: str, kept: set[tuple[str, str]]) -> quantizing.Quantize:
+        """A low-bit run's quantization (:mod:`mpguide.models.quantizing`), but for the layers
+        of the ``kept`` sources: each quantized tensor counted as a conversion that writes its
+        values at the target's bits per value."""
+
+        def quantize(layer: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            if (layer, readers_line()) in kept:
+                return x
+            with self._aside(), torch.no_grad():
+                q, bits = quantizing.values(x, target, transposed)
+            self.casts += 1
+            self.bytes += round(q.numel() * bits / 8)
+            return q
+
+        return quantize
 
     def _expected(self, func, args: tuple, kwargs: dict) -> Any:
         """The dtypes ``func`` returns on these arguments, from its meta kernel; where it has
@@ -287,6 +304,7 @@ def fix_list(
     sources: tuple[tuple[str, str], ...] = (),
     autocast: torch.dtype | str | None = None,
     dtype: torch.dtype | str | None = None,
+    target: str | None = None,
     device: _device.Target | torch.device | str | None = None,
     repeat: int = 3,
     progress: recorder.Say | None = None,
@@ -295,9 +313,11 @@ def fix_list(
     inputs and precision), of its ``k`` worst tensors rounded before the run (a model cast
     whole), and of the ``sources`` named (``(module, line)`` pairs, as
     :class:`mpguide.models.diff.Source` names them, a rounded tensor's line its name); see the
-    module's docstring."""
+    module's docstring. With a low-bit ``target``, the sources are the quantized layers' calls,
+    and a kept one runs unquantized."""
+    lowbit = target
     target, autocast, dtype, xargs, xkwargs, low_model, args, kwargs = _diff.prepare(
-        model, inputs, autocast, dtype, device, False
+        model, inputs, autocast, dtype, device, False, lowbit
     )
     logprobs = found.output.logprob is not None
     exact = WeakTensorKeyDictionary()
@@ -313,7 +333,8 @@ def fix_list(
         for name in (line for module, line in kept if module == _KEPT_TENSOR):
             low, original = rounded[name]
             tensors[low] = original
-        keep = Keep(low_model, kept, dtype, exact, tensors)
+        keep = Keep(low_model, set() if lowbit else kept, dtype, exact, tensors)
+        quantize = keep.quantizer(lowbit, kept) if lowbit else None
         times = []
         for _ in range(max(repeat, 1) + 1):  # the first run warms up, untimed
             keep.casts = keep.bytes = 0
@@ -322,6 +343,9 @@ def fix_list(
             with (
                 recorder.eval_mode(low_model),
                 keep.hooked(),
+                quantizing.layers_quantized(low_model, quantize)
+                if quantize
+                else contextlib.nullcontext(),
                 torch.no_grad(),
                 _device.autocast(target, autocast),
             ):
@@ -335,13 +359,16 @@ def fix_list(
     base, base_casts, base_bytes, base_time = run(set())
     first = base.logprob if logprobs else base.error
     every = found.sources()
+    if lowbit:
+        every = [s for s in every if any(o.op.startswith(QUANTIZE) for o in s.ops)]
     cast = [s for s in found.sources(_diff.CAST) if s.line in rounded]
     candidates = [s for s in every if s.local > 0][:k] + [s for s in cast if s.local > 0][:k]
     for where in sources:
         named = [s for s in every + cast if (s.module, s.line) == tuple(where)]
         if not named:
             raise MPGuideError(
-                f"no forward or cast source {where[0] or '(root)'} at {where[1]} in the diff"
+                f"no {'quantized layer' if lowbit else 'forward or cast source'} "
+                f"{where[0] or '(root)'} at {where[1]} in the diff"
             )
         if named[0] not in candidates:
             candidates.append(named[0])
@@ -357,12 +384,12 @@ def fix_list(
     for s in order:
         kept.add(_key(s))
         out, casts, size, seconds = run(set(kept))
-        cast = s.phase == _diff.CAST
+        rounded_tensor = s.phase == _diff.CAST
         steps.append(
             Step(
-                s.line if cast else s.module,
-                "cast " + s.names if cast else s.line,
-                _kind(s.line, low_model) if cast else s.names,
+                s.line if rounded_tensor else s.module,
+                "cast " + s.names if rounded_tensor else s.line,
+                _kind(s.line, low_model) if rounded_tensor else s.names,
                 alone[_key(s)],
                 out.error,
                 out.logprob,
@@ -374,6 +401,13 @@ def fix_list(
     notes = [
         "errors against the diff's float64 shadow; times of this run, noisy on a shared machine"
     ]
+    if lowbit:
+        notes.append(
+            f"kept: the layer's input and weight not quantized to {lowbit}, its GEMM in the "
+            "model's dtype; casts +, bytes +: the quantizations it no longer runs, each "
+            "counted as a conversion writing its values at the target's bits; time ×: of "
+            "this emulation"
+        )
     if found.sources(_diff.CAST):
         notes.append(
             "a kept op reads the parameters and buffers as they were before the cast to the "

@@ -33,7 +33,8 @@ the same way, one level up: its (b) is the call run again in the reference dtype
 own inputs (:mod:`mpguide.models.rerun`); where every input of the call is the shadow's, (b) is
 (a), and where the call ran no op and returned (a view of) its input, (b) is ``t``.
 An op that the reference dtype has no kernel for ends the run with one line naming it
-(:class:`NoReferenceKernel`).
+(:class:`NoReferenceKernel`). Under a low-bit target, a linear layer's input or weight
+quantized is an op of its own (:meth:`Shadow.quantizer`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from mpguide import MPGuideError, error_line
 from mpguide.core.dtypes import IGNORED_NAMESPACES
+from mpguide.models import quantizing
 from mpguide.models.recorder import Recorder, Say
 from mpguide.models.rerun import Rerun, first_floating
 from mpguide.training.autograd import BACKWARD, FORWARD
@@ -60,6 +62,10 @@ TOLERANCE = 1e-9
 CAST = "cast"
 """The phase of the model's parameters, buffers and inputs rounded before the run
 (``--pure``): each is a source of error with no op of its own."""
+
+QUANTIZE = "quantize "
+"""How a layer's input or weight quantized to a low-bit target is named (``quantize nvfp4
+(weight)``): emulation, recorded as one op of its own."""
 
 _EMPTY = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_strided")
 """Ops that return memory unwritten: no error of their own."""
@@ -222,6 +228,36 @@ class Shadow(Recorder):
                     continue
                 found = self.shadows.get(low)
                 self.shadows[low] = (ref, True if found is None else found[1])
+
+    def quantizer(self, target: str) -> quantizing.Quantize:
+        """Quantizing a linear layer's input or weight to ``target``
+        (:func:`mpguide.models.quantizing.layers_quantized`): emulation, not the model's ops, so
+        computed aside and recorded as one op, ``quantize TARGET (input)`` or ``(weight)``, in
+        the layer's call at the reader's line. With ``x`` the run's tensor, ``q`` its quantized
+        values and ``a`` the shadow's: local ``‖q − x‖ / ‖a‖`` (what quantizing adds),
+        inherited ``‖x − a‖ / ‖a‖``, total ``‖q − a‖ / ‖a‖``. ``q``'s shadow is ``x``'s, the exact value: the GEMM that
+        follows inherits the quantization's error."""
+
+        def quantize(layer: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            with self._aside(), torch.no_grad():
+                q = quantizing.values(x, target, transposed)[0]
+                a, exact = self._of(x)
+                b = a if exact else upcast(x.detach(), self.reference)
+                stats = self._norms(q, b, a)
+                phase, module, call, line, _ = self._where()
+                self.shadows[q] = (a, False)
+                self._add(
+                    phase,
+                    module,
+                    call,
+                    line,
+                    f"{QUANTIZE}{target} ({what})",
+                    torch.cat([stats, stats.new_zeros(2)]),
+                    q.numel(),
+                )
+            return q
+
+        return quantize
 
     def _pre(self, module, args, kwargs, name) -> None:
         super()._pre(module, args, kwargs, name)
