@@ -83,6 +83,24 @@ def test_every_op_closes_and_each_gemm_inherits_its_quantization(target):
     assert first_in.inherited == 0 and first_in.local == first_in.total > 0  # x is exact
 
 
+def test_each_quantized_layer_call_is_split_with_its_quantization_as_its_own_error():
+    # A layer's call is re-run in float64 on the input it was called with, before the
+    # quantizing hook replaced it: its local error holds its quantization, and for the first
+    # layer (fed the model's exact input) it is the GEMM's whole error.
+    model, x = layers()
+    found = diff.diff(model, x, target="nvfp4")
+    calls = {m.name: m for m in found.modules}
+    held, of = found.module_closure
+    assert held == of == len(found.modules)
+    gemm = next(o for o in found.ops if o.module == "a" and o.op == "aten.addmm")
+    assert calls["a"].inherited == 0 and calls["a"].local == pytest.approx(gemm.total, rel=1e-9)
+    for layer in ("b", "c"):
+        assert calls[layer].local > 1e3 * next(
+            o.local for o in found.ops if o.module == layer and o.op == "aten.addmm"
+        )
+    assert calls["b"].local == max(calls[n].local for n in "abc")  # the planted weight's layer
+
+
 def test_the_first_gemm_has_the_error_model_target_measures():
     # model --target computes each layer's GEMM on its quantized input and weight against the
     # float64 GEMM of the unquantized ones; the first layer's input is the model's own, so the

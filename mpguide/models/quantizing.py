@@ -85,7 +85,9 @@ def layers_quantized(model: nn.Module, quantize: Quantize) -> Iterator[None]:
             if not quantized(module):
                 continue
             handles.append(module.register_forward_pre_hook(before(name), with_kwargs=True))
-            handles.append(module.register_forward_hook(after, with_kwargs=True))
+            # first of the layer's forward hooks: a recorder's, which checks the layer's state
+            # after the call, sees its own weight back
+            handles.append(module.register_forward_hook(after, with_kwargs=True, prepend=True))
             if parametrize.is_parametrized(module, "weight"):
                 making = module.parametrizations["weight"]
                 handles.append(making.register_forward_hook(made(name, module)))

@@ -181,6 +181,7 @@ class Shadow(Recorder):
         first floating input, the norms of its output (with its (b) where :attr:`rerun` gave
         one), what re-running it needs unchanged, and why it got no (b) (empty where it did)."""
         self.rerun: Rerun | None = None
+        self._entered: dict[tuple[str, int], tuple[tuple, dict]] = {}
         self._random = 0
 
     def shadow_of(self, t: torch.Tensor) -> torch.Tensor:
@@ -268,6 +269,9 @@ class Shadow(Recorder):
                 why = "called in the backward pass (a recompute)"
             elif self.rerun is not None:
                 before = (self.rerun.state(module, args, kwargs), self._random)
+                # the call as entered: later pre-hooks may replace its arguments (a quantized
+                # layer's input); it is checked and re-run on these, kept until it returns
+                self._entered[seen.key] = (args, kwargs)
             self.spans[seen.key] = [
                 self._index,
                 None,
@@ -285,6 +289,7 @@ class Shadow(Recorder):
             if span[4] is None:
                 span[3] = self._value(output)
             else:
+                args, kwargs = self._entered.pop(key)
                 span[3], span[5] = self._split(module, key[0], args, kwargs, output, span)
         super()._post(module, args, kwargs, output)
 
