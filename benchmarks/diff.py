@@ -14,7 +14,10 @@ each, every round times, in a rotated order:
   float64 forward, and the float64 forward and backward (of a float64 copy).
 
 Ratios, round by round: ``diff`` to its bare runs (autocast forward+backward plus float64
-forward+backward; goal: within 2 on the 12-layer model); ``model`` to its bare runs (autocast
+forward+backward; goal: within 2 on the 12-layer model); diff's floor to the same, where the
+floor is what any split into local and inherited error runs at the least: the run, the float64
+shadow, and each op again in float64 on the run's inputs (a second float64 forward+backward),
+before a single norm; ``model`` to its bare runs (autocast
 and float32 forward+backward plus float64 forward); DebugMode to the autocast forward+backward;
 and ``model``'s own overhead (report minus its bare runs) to DebugMode's (DebugMode minus the
 run it logs; goal: at most 1). Where a goal is missed, ``--profile`` (on by default) writes a
@@ -110,6 +113,9 @@ def bench_one(name, size, dev, low, repeat, sync) -> dict:
 
     ratios = {
         "diff / its bare runs": each(lambda i: at("diff", i) / diff_bare(i)),
+        "diff's floor / its bare runs": each(
+            lambda i: (diff_bare(i) + at("fp64 forward+backward", i)) / diff_bare(i)
+        ),
         "model / its bare runs": each(lambda i: at("model", i) / model_bare(i)),
     }
     if "DebugMode" in times:
