@@ -328,3 +328,14 @@ def test_a_router_whose_top_k_changes_is_counted():
     gathered = [o for o in found.ops if o.changed]
     assert gathered[0] is topk and 0 < topk.changed < topk.whole == 256 * 8
     assert any("differ from the shadow's" in line for line in found.findings())
+
+
+def test_a_model_of_torchs_modules_alone_has_no_readers_line():
+    # nn.Sequential runs its layers from torch's code: no line of the reader's runs them, and
+    # the line that called diff is not one (docs/cli.md once showed its fork helper's line).
+    torch.manual_seed(0)
+    found = diff.diff(nn.Sequential(nn.Linear(8, 8), nn.Tanh()), torch.randn(2, 8))
+    assert {s.line for s in found.sources()} == {"unknown"}
+    model, x = net()
+    lines = {s.line for s in diff.diff(model, x).sources()}
+    assert lines and all(line.startswith("test_diff.py:") for line in lines)

@@ -118,7 +118,7 @@ class Keep(recorder.Recorder):
         values at the target's bits per value."""
 
         def quantize(layer: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
-            if (layer, readers_line()) in kept:
+            if (layer, readers_line(self.entry)) in kept:
                 return x
             with self._aside(), torch.no_grad():
                 q, bits = quantizing.values(x, target, transposed)
@@ -148,7 +148,7 @@ class Keep(recorder.Recorder):
         keep = (
             forward
             and self.kept
-            and ((self.stack[-1].name if self.stack else ""), readers_line()) in self.kept
+            and ((self.stack[-1].name if self.stack else ""), readers_line(self.entry)) in self.kept
         )
         exact = self.exact
         if forward and not keep and self.tensors:

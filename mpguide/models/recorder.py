@@ -3,6 +3,7 @@ casts, forward and backward (see :mod:`mpguide.models.per_module`)."""
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -79,6 +80,8 @@ class Recorder(dtypes.Log):
         self.progress = progress
         self.seen: list[Seen] = []
         self.stack: list[Seen] = []
+        self.entry: Any = None
+        """The frame that called the model, while the model runs (:func:`caller`)."""
         self._calls: Counter[str] = Counter()
         self._finished = 0
         self._paused = False
@@ -126,6 +129,8 @@ class Recorder(dtypes.Log):
             self._paused = False
 
     def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> None:
+        if not self.stack:
+            self.entry = caller(sys._getframe())
         with self._aside():
             seen = Seen(
                 name,
@@ -144,6 +149,8 @@ class Recorder(dtypes.Log):
     def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         with self._aside():
             seen = self.stack.pop()
+            if not self.stack:
+                self.entry = None
             self._mark()
             seen.outputs = dtypes_of(output)
             self._finished += 1
@@ -175,6 +182,19 @@ class Recorder(dtypes.Log):
 
     def by_key(self) -> dict[Key, Seen]:
         return {s.key: s for s in self.seen}
+
+
+_MODULE_FILE = torch.nn.modules.module.__file__
+
+
+def caller(frame: Any) -> Any:
+    """The frame that called the module whose hook runs in ``frame``: the first one beyond
+    torch's module-call frames."""
+    while frame is not None and frame.f_code.co_filename != _MODULE_FILE:
+        frame = frame.f_back
+    while frame is not None and frame.f_code.co_filename == _MODULE_FILE:
+        frame = frame.f_back
+    return frame
 
 
 @contextmanager

@@ -148,12 +148,15 @@ def _is_internal(code) -> bool:
     return found
 
 
-def readers_line() -> str:
-    """``file.py:LINE`` of the innermost frame outside torch and mpguide: the reader's line."""
+def readers_line(stop: Any = None) -> str:
+    """``file.py:LINE`` of the innermost frame outside torch and mpguide: the reader's line.
+    ``unknown`` where there is none below ``stop``, the frame that called the model
+    (:attr:`Recorder.entry`): a model of torch's modules alone (``nn.Sequential``) has no line
+    of the reader's, and the code that called the tool is not one."""
     f = sys._getframe(1)
-    while f is not None and _is_internal(f.f_code):
+    while f is not None and f is not stop and _is_internal(f.f_code):
         f = f.f_back
-    if f is None:
+    if f is None or f is stop:
         return "unknown"
     return f"{Path(f.f_code.co_filename).name}:{f.f_lineno}"
 
@@ -362,7 +365,7 @@ class Shadow(Recorder):
         node = torch._C._current_autograd_node()
         if node is None:
             seen = self.stack[-1] if self.stack else None
-            line, node_name = readers_line(), ""
+            line, node_name = readers_line(self.entry), ""
             self._lines.setdefault(torch._C._autograd._get_sequence_nr() - 1, line)
             phase = FORWARD
         else:
