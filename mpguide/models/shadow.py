@@ -51,7 +51,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from mpguide import MPGuideError, error_line
 from mpguide.core.dtypes import IGNORED_NAMESPACES
-from mpguide.models import quantizing
+from mpguide.models import attention_reference, quantizing
 from mpguide.models.recorder import Recorder, Say
 from mpguide.models.rerun import Rerun, first_floating
 from mpguide.training.autograd import BACKWARD, FORWARD
@@ -403,15 +403,7 @@ class Shadow(Recorder):
             else:
                 a_flat.append(_ref_dtype(v, ref))
         a_args, a_kwargs = tree_unflatten(a_flat, spec)
-        try:
-            a_out = func(*a_args, **a_kwargs)
-        except (RuntimeError, NotImplementedError, TypeError) as err:
-            raise NoReferenceKernel(
-                f"{name.removesuffix('.default')} has no {str(ref).removeprefix('torch.')} "
-                f"kernel on {outs[0].device.type} here ({error_line(err)}); --reference "
-                "float32 compares against float32 instead"
-            ) from None
-        a_outs = [t for t in tree_leaves(a_out) if isinstance(t, torch.Tensor)]
+        a_outs = _in_reference(func, a_args, a_kwargs, outs, ref)
         if len(a_outs) != len(outs):
             return
         for t, s in zip(outs, a_outs, strict=True):
@@ -419,7 +411,12 @@ class Shadow(Recorder):
         if func.is_view or name.startswith(_EMPTY):
             return  # a view computes nothing, unwritten memory has no error
         pairs = list(zip(outs, a_outs, strict=True))
-        floating = [(t, s) for t, s in pairs if t.is_floating_point()]
+        kept = attention_reference.compared(func)  # a fused attention kernel's result only
+        floating = [
+            (t, s)
+            for i, (t, s) in enumerate(pairs)
+            if t.is_floating_point() and (kept is None or i in kept)
+        ]
         whole = [(t, s) for t, s in pairs if not t.is_floating_point() and t.shape == s.shape]
         phase, module, call, line, node = self._where()
         op = name.removesuffix(".default") + (f" ({node})" if node else "")
@@ -453,10 +450,14 @@ class Shadow(Recorder):
                 ]
             )
             b_args, b_kwargs = tree_unflatten(b_flat, spec)
-            b_outs = [
-                v for v in tree_leaves(func(*b_args, **b_kwargs)) if isinstance(v, torch.Tensor)
-            ]
-            b = _cat([v for v, lo in zip(b_outs, outs, strict=True) if lo.is_floating_point()])
+            b_outs = _in_reference(func, b_args, b_kwargs, outs, ref)
+            b = _cat(
+                [
+                    v
+                    for i, (v, lo) in enumerate(zip(b_outs, outs, strict=True))
+                    if lo.is_floating_point() and (kept is None or i in kept)
+                ]
+            )
         self._add(
             phase, module, call, line, op, torch.cat([self._norms(t, b, a), counted]), t.numel()
         )
@@ -489,6 +490,29 @@ def _draws(func, args: tuple, kwargs: dict) -> bool:
         if (arg.name in ("dropout_p", "p") and value == 0) or (arg.name == "train" and not value):
             return False
     return True
+
+
+def _native(func, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
+def _in_reference(
+    func, args: tuple, kwargs: dict, outs: list[torch.Tensor], ref: torch.dtype
+) -> list:
+    """The tensor outputs of ``func`` on ``args`` in the reference dtype: its own kernel, else
+    for a fused attention kernel its definition (:mod:`mpguide.models.attention_reference`)."""
+    try:
+        found = _native(func, args, kwargs)
+    except (RuntimeError, NotImplementedError, TypeError) as err:
+        found = attention_reference.reference(func, args, kwargs, outs)
+        if found is None:
+            raise NoReferenceKernel(
+                f"{str(func).removesuffix('.default')} has no "
+                f"{str(ref).removeprefix('torch.')} kernel on {outs[0].device.type} here "
+                f"({error_line(err)}); --reference float32 compares against float32 instead"
+            ) from None
+        return found
+    return [t for t in tree_leaves(found) if isinstance(t, torch.Tensor)]
 
 
 def _fresh(v: Any, ref: torch.dtype) -> Any:
@@ -531,7 +555,10 @@ class _Norms:
     after the run). ``t``, the run's own, is upcast once into a scratch buffer and each
     difference is written into another: both are kept at the size of the largest output seen,
     so an op's norms allocate nothing. (A fresh float64 temporary per difference cost 4× as much
-    on the CPU, mostly in page faults; torch also promotes no float8 dtype in a subtraction.)"""
+    on the CPU, mostly in page faults; torch also promotes no float8 dtype in a subtraction.)
+    Where the exact result holds infinities (a mask's ``-inf``), ``‖a‖`` is over its finite
+    values and two equal values, infinities included, differ by nothing: the run computing the
+    same ``-inf`` has no error there, and one computing a finite value has an infinite one."""
 
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
@@ -548,12 +575,19 @@ class _Norms:
         up.copy_(t)
         squares = a.new_zeros(4, dtype=self.dtype)
 
-        def distance(x: torch.Tensor, y: torch.Tensor, i: int) -> None:
-            torch.sub(x, y, out=diff)
-            torch.dot(flat, flat, out=squares[i])
-
         whole = a.reshape(-1)
         torch.dot(whole, whole, out=squares[0])
+        infinite = not bool(torch.isfinite(squares[0]))  # one read of the device per op
+        if infinite:  # the exact result holds ±inf or NaN (a mask's -inf)
+            whole = torch.where(torch.isfinite(whole), whole, 0)
+            torch.dot(whole, whole, out=squares[0])
+
+        def distance(x: torch.Tensor, y: torch.Tensor, i: int) -> None:
+            torch.sub(x, y, out=diff)
+            if infinite:  # equal infinities are no error (inf - inf is NaN)
+                diff.masked_fill_(x == y, 0)
+            torch.dot(flat, flat, out=squares[i])
+
         if b is None:
             distance(up, a, 2)
             squares[3] = squares[2]
