@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.models import attention_reference, diff, shadow
+from mpguide.models import attention_reference, diff, fixes
 from mpguide.training.autograd import BACKWARD, FORWARD
 
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
@@ -36,8 +36,10 @@ class Attention(nn.Module):
 
 
 def _fused_raise(func, args, kwargs):
-    """The kernel as a GPU's flash attention is in float64: absent."""
-    if attention_reference.compared(func) is not None:
+    """The kernel as a GPU's flash attention is in float64 and float32: absent."""
+    if attention_reference.compared(func) is not None and any(
+        isinstance(v, torch.Tensor) and v.dtype in (torch.float64, torch.float32) for v in args
+    ):
         raise RuntimeError("FlashAttention only supports fp16 and bf16 (as on a GPU)")
     return func(*args, **kwargs)
 
@@ -60,7 +62,7 @@ def test_the_definition_gives_what_the_kernel_gives(case, monkeypatch):
     fused = [o for o in native.ops if o.op.startswith(CPU_FLASH)]
     if not fused:
         pytest.skip(f"this build's CPU runs {case} attention without its flash kernel")
-    monkeypatch.setattr(shadow, "_native", _fused_raise)
+    monkeypatch.setattr(attention_reference, "kernel", _fused_raise)
     defined = diff.diff(model, x, autocast="bfloat16", backward=True)
     assert [o.op for o in defined.ops] == [o.op for o in native.ops]
     phases = set()
@@ -100,3 +102,16 @@ def test_an_op_whose_exact_result_holds_minus_inf_has_a_finite_error():
     assert all(o.local == o.total == 0 and o.inherited == 0 for o in masked)
     held, of = found.closure
     assert held == of == len([o for o in found.ops if o.local is not None])
+
+
+def test_a_kept_attention_without_a_float32_kernel_is_computed_from_its_definition(monkeypatch):
+    torch.manual_seed(0)
+    model, x = Attention(causal=True), torch.randn(2, 8, 32)
+    found = diff.diff(model, x, autocast="bfloat16")
+    attention = next(s for s in found.sources() if "flash" in s.names)
+    where = ((attention.module, attention.line),)
+    native = fixes.fix_list(model, x, found, 0, sources=where, autocast="bfloat16", repeat=1)
+    monkeypatch.setattr(attention_reference, "kernel", _fused_raise)
+    defined = fixes.fix_list(model, x, found, 0, sources=where, autocast="bfloat16", repeat=1)
+    (n,), (d,) = native.steps, defined.steps
+    assert d.error == pytest.approx(n.error, rel=1e-5) and n.error < native.error

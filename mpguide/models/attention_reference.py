@@ -32,6 +32,12 @@ _FUSED = (
 """The fused attention kernels of aten, forward; each has a ``_backward`` op."""
 
 
+def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func``'s own kernel on ``args``: the call the shadow and a kept op make first (tests
+    replace it to make a kernel refuse a dtype, as flash attention refuses float64 on a GPU)."""
+    return func(*args, **kwargs)
+
+
 def _kind(func: Any) -> str | None:
     """``forward`` or ``backward`` for a fused attention kernel, else ``None``."""
     name = func._schema.name.removeprefix("aten::")

@@ -34,16 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from mpguide import MPGuideError
+from mpguide import MPGuideError, error_line
 from mpguide.core import device as _device
 from mpguide.core import dtypes, timing
 from mpguide.core.dtypes import IGNORED_NAMESPACES
 from mpguide.core.table import Table
+from mpguide.models import attention_reference, quantizing, recorder
 from mpguide.models import diff as _diff
-from mpguide.models import quantizing, recorder
 from mpguide.models.memory import size_text
 from mpguide.models.shadow import QUANTIZE, readers_line
 
@@ -155,11 +155,12 @@ class Keep(recorder.Recorder):
             keep = any(isinstance(v, torch.Tensor) and v in self.tensors for v in tree_leaves(args))
             exact = self.tensors
         expected = None
+        given = args, kwargs
         if keep:
             if self.back is not None:  # the dtypes the op returns unkept, for the next op
                 expected = self._expected(func, args, kwargs)
             args, kwargs = tree_map(lambda v: self._up(v, exact), (args, kwargs))
-        out = func(*args, **kwargs)
+        out = _in_float32(func, args, kwargs, given) if keep else func(*args, **kwargs)
         i = dtypes.source_index(str(func))
         if i is not None and isinstance(out, torch.Tensor) and len(args) > i:
             src = args[i]
@@ -170,6 +171,31 @@ class Keep(recorder.Recorder):
         if isinstance(expected, torch.dtype):
             return tree_map(lambda v: self._down(v, expected if _floating(v) else None), out)
         return tree_map(self._down, out, expected)
+
+
+def _in_float32(func, args: tuple, kwargs: dict, given: tuple[tuple, dict]) -> Any:
+    """A kept op on its upcast arguments; a fused attention kernel that has no float32 kernel
+    (flash attention on a GPU) is computed from its definition
+    (:mod:`mpguide.models.attention_reference`), its other outputs from the kernel run on the
+    arguments as ``given``."""
+    try:
+        return attention_reference.kernel(func, args, kwargs)
+    except (RuntimeError, NotImplementedError) as err:
+        if attention_reference.compared(func) is None:
+            raise
+        ran = func(*given[0], **given[1])
+        flat, spec = tree_flatten(ran)
+        tensors = [v for v in flat if isinstance(v, torch.Tensor)]
+        found = attention_reference.reference(func, args, kwargs, tensors)
+        if found is None:
+            raise MPGuideError(
+                f"{str(func).removesuffix('.default')} cannot be kept in float32 here "
+                f"({error_line(err)})"
+            ) from None
+        results = iter(found)
+        return tree_unflatten(
+            [next(results) if isinstance(v, torch.Tensor) else v for v in flat], spec
+        )
 
 
 _KEPT_TENSOR = "\0tensor"

@@ -492,17 +492,13 @@ def _draws(func, args: tuple, kwargs: dict) -> bool:
     return True
 
 
-def _native(func, args: tuple, kwargs: dict) -> Any:
-    return func(*args, **kwargs)
-
-
 def _in_reference(
     func, args: tuple, kwargs: dict, outs: list[torch.Tensor], ref: torch.dtype
 ) -> list:
     """The tensor outputs of ``func`` on ``args`` in the reference dtype: its own kernel, else
     for a fused attention kernel its definition (:mod:`mpguide.models.attention_reference`)."""
     try:
-        found = _native(func, args, kwargs)
+        found = attention_reference.kernel(func, args, kwargs)
     except (RuntimeError, NotImplementedError, TypeError) as err:
         found = attention_reference.reference(func, args, kwargs, outs)
         if found is None:
