@@ -109,12 +109,12 @@ def test_the_model_is_left_as_it_was():
 
 
 class Tied(nn.Module):
-    def __init__(self):
+    def __init__(self, width=16):
         super().__init__()
-        self.embed = nn.Embedding(50, 16)
-        self.head = nn.Linear(16, 50, bias=False)
+        self.embed = nn.Embedding(50, width)
+        self.head = nn.Linear(width, 50, bias=False)
         self.head.weight = self.embed.weight
-        self.mix = nn.Linear(16, 16)
+        self.mix = nn.Linear(width, width)
         parametrize.register_parametrization(self.mix, "weight", Symmetric())
 
     def forward(self, ids):

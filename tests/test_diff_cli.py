@@ -1,6 +1,8 @@
+import inspect
 import json
 
 import pytest
+import test_diff_target
 
 FACTORIES = """
 import torch
@@ -45,25 +47,7 @@ def single():
     return Single(), torch.randn(4)
 
 
-class Layers(nn.Module):
-    # The planted hazard: b's weight sits between two points of fp4's grid (5 rounds to 4).
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(64, 64)
-        self.b = nn.Linear(64, 64)
-        self.c = nn.Linear(64, 32)
-        with torch.no_grad():
-            w = torch.full((64, 64), 1.25)
-            w[:, ::16] = 1.5
-            self.b.weight.copy_(w * torch.randn(64, 64).sign() / 8)
-
-    def forward(self, x):
-        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
-
-
-def layers():
-    torch.manual_seed(0)
-    return Layers(), torch.randn(8, 64)
+from test_diff_target import layers  # the planted weight between fp4 grid points
 """
 
 
@@ -140,8 +124,9 @@ def test_a_target_ranks_the_planted_layer_first_with_its_fix(run, monkeypatch, t
     assert all(len(line) <= 100 for line in proc.stdout.splitlines())
     text = " ".join(proc.stdout.split())
     assert f"Layers op by op, linear layers quantized to {target}, against a float64" in text
-    line = next(i for i, s in enumerate(FACTORIES.splitlines(), 1) if "self.c(torch" in s)
-    where = f"diff_factories.py:{line}"
+    source, first = inspect.getsourcelines(test_diff_target.Layers.forward)
+    line = first + next(i for i, s in enumerate(source) if "self.b(" in s)
+    where = f"test_diff_target.py:{line}"
     assert f"largest source: b at {where} (quantize {target}×2, addmm)" in text
     assert f"fix list: Layers, linear layers quantized to {target}" in text
     assert f"keep b ({where})" in text

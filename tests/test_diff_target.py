@@ -2,8 +2,8 @@
 
 import pytest
 import torch
+from test_diff import Tied
 from torch import nn
-from torch.nn.utils import parametrize
 
 from mpguide import MPGuideError
 from mpguide.models import diff, fixes, lowbit_report, quantizing
@@ -137,27 +137,9 @@ def test_a_conv1d_weight_is_quantized_along_its_inner_dimension():
     assert weight.local != pytest.approx(lowbit_errors.quantize(model.weight, "nvfp4").rel_error)
 
 
-class Tied(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(50, 32)
-        self.head = nn.Linear(32, 50, bias=False)
-        self.head.weight = self.embed.weight
-        self.mix = nn.Linear(32, 32)
-        parametrize.register_parametrization(self.mix, "weight", Symmetric())
-
-    def forward(self, ids):
-        return {"logits": self.head(torch.relu(self.mix(self.embed(ids))))}
-
-
-class Symmetric(nn.Module):
-    def forward(self, w):
-        return w.triu() + w.triu(1).transpose(0, 1)
-
-
 def test_tied_and_parametrized_weights_are_quantized_and_left_as_they_were():
     torch.manual_seed(0)
-    model, ids = Tied(), torch.randint(0, 50, (2, 16))
+    model, ids = Tied(32), torch.randint(0, 50, (2, 16))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     found = diff.diff(model, ids, target="nvfp4")
     assert [o.module for o in quantize_ops(found)] == ["mix"] * 2 + ["head"] * 2
