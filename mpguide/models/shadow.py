@@ -32,8 +32,9 @@ After :meth:`Shadow.split_modules`, each forward module call's first floating ou
 the same way, one level up: its (b) is the call run again in the reference dtype on the run's
 own inputs (:mod:`mpguide.models.rerun`); where every input of the call is the shadow's, (b) is
 (a), and where the call ran no op and returned (a view of) its input, (b) is ``t``.
-An op that the reference dtype has no kernel for ends the run with one line naming it
-(:class:`NoReferenceKernel`). Under a low-bit target, a linear layer's input or weight
+A fused attention kernel that the reference dtype has no kernel for (flash attention on a GPU)
+is computed from its definition (:mod:`mpguide.models.attention_reference`); any other such op
+ends the run with one line naming it (:class:`NoReferenceKernel`). Under a low-bit target, a linear layer's input or weight
 quantized is an op of its own (:meth:`Shadow.quantizer`).
 """
 
