@@ -14,6 +14,7 @@ from mpguide.plots.style import (
     axes,
     heading,
     legend_below,
+    value_axis,
 )
 
 if TYPE_CHECKING:
@@ -70,9 +71,7 @@ def backend_bars(
         ax.set_yscale("log")
         ax.set_ylim(bottom=floor, top=max(positive, default=1.0) * 8)
     ax.set_xticks(range(len(backends)), [b.replace("+", "+\n") for b in backends], fontsize=TEXT)
-    ax.set_ylabel(ylabel, fontsize=TEXT)
-    ax.tick_params(axis="y", labelsize=TEXT)
-    ax.spines[["top", "right"]].set_visible(False)
+    value_axis(ax, ylabel, grid=False)
     if len(values) > 1:
         legend_below(fig, ax, own, None, ncol=len(values))
     heading(fig, ax, own, title)

@@ -16,6 +16,7 @@ from mpguide.plots.style import (
     axes,
     heading,
     legend_below,
+    value_axis,
 )
 
 if TYPE_CHECKING:
@@ -79,10 +80,7 @@ def module_errors(
     ax.set_ylim(0, top * 6)
     ax.set_xticks(range(len(keys)), [c.label for c in calls], rotation=90, fontsize=SMALL)
     ax.set_xlim(-0.5, len(keys) - 0.5)
-    ax.set_ylabel("output max |error| / mean |float64 ref|", fontsize=TEXT)
-    ax.tick_params(axis="y", labelsize=TEXT)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.spines[["top", "right"]].set_visible(False)
+    value_axis(ax, "output max |error| / mean |float64 ref|")
     legend_below(fig, ax, own, handles, ncol=len(handles))
     heading(fig, ax, own, title)
     return fig
@@ -138,10 +136,7 @@ def error_budget(
         crosses.set_gid("not re-run")
         handles.append(Line2D([], [], color=LOST_COLOUR, marker="x", ls="none", label="not re-run"))
     ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=SMALL)
-    ax.set_ylabel("‖error‖ / ‖float64 ref‖", fontsize=TEXT)
-    ax.tick_params(axis="y", labelsize=TEXT)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.spines[["top", "right"]].set_visible(False)
+    value_axis(ax, "‖error‖ / ‖float64 ref‖")
     legend_below(fig, ax, own, handles, ncol=len(handles))
     heading(fig, ax, own, title)
     return fig

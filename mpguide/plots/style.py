@@ -95,6 +95,16 @@ def grid(
 # -- titles and legends ---------------------------------------------------------------------------
 
 
+def value_axis(ax: Axes, label: str, grid: bool = True) -> None:
+    """The house style of an axes whose y axis reads values: ``label`` and tick labels in text
+    size, light horizontal grid lines (``grid``), no top or right spine."""
+    ax.set_ylabel(label, fontsize=TEXT)
+    ax.tick_params(axis="y", labelsize=TEXT)
+    if grid:
+        ax.grid(True, axis="y", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
 def width(fig: Figure | SubFigure) -> float:
     """The width of a figure, or of a subfigure the caller drew on, in inches."""
     if hasattr(fig, "get_figwidth"):
