@@ -27,7 +27,7 @@ from mpguide.core.readers_code import factory as _factory
 from mpguide.core.readers_code import load_spec as _load_spec
 from mpguide.core.readers_code import reader_error as _reader_error
 from mpguide.core.readers_code import readers_code as _readers_code
-from mpguide.core.table import ALIASES, FORMATS, escape_controls
+from mpguide.core.table import ALIASES, FORMATS
 
 DESCRIPTION = "The mixed-precision guide's measurements, on this machine and on your own traces."
 
@@ -254,12 +254,9 @@ def _across(args: argparse.Namespace) -> dict:
 def _ranks_out(found, fmt: str) -> str:
     from mpguide.traces import rank_text
 
-    for row in found.rows:
-        for loss in row.losses:
-            print(f"mpguide: note: {escape_controls(row.file)}: {loss}", file=sys.stderr)
+    output.notes(f"{row.file}: {loss}" for row in found.rows for loss in row.losses)
     if fmt == "csv":  # CSV has no place for them
-        for skipped in found.skipped:
-            print(f"mpguide: note: {escape_controls(skipped)}", file=sys.stderr)
+        output.notes(found.skipped)
     return rank_text.render(found, fmt, terminal.width())  # text in units a person reads
 
 
@@ -279,8 +276,7 @@ def _casts(args: argparse.Namespace) -> str:
         found = ranks.casts_of_ranks(args.trace, by=args.by, **_across(args))
         return _ranks_out(found, args.format)
     tree = _load(args, casts.needs_args).tree(python=True)
-    for loss in tree.anomalies.losses():
-        print(f"mpguide: note: {loss}", file=sys.stderr)
+    output.notes(tree.anomalies.losses())
     report = casts.report(tree)
     table = report.table(args.by, scalars=args.scalars, limit=args.limit or None)
     if args.format in ("text", "markdown"):
@@ -293,8 +289,7 @@ def _casts(args: argparse.Namespace) -> str:
     if args.format == "text":  # the causes whole, on lines of their own where they must
         return cast_text.fitted(table, terminal.width())
     if args.format == "csv":  # CSV has no place for them
-        for note in table.notes:
-            print(f"mpguide: note: {note}", file=sys.stderr)
+        output.notes(table.notes)
     return _shown(table, args.format)
 
 
@@ -374,8 +369,7 @@ def _model(args: argparse.Namespace) -> str:
     if args.format == "json":
         return per_module.json_document(report, table)
     if args.format == "csv":
-        for note in (table.caption, *table.notes):
-            print(f"mpguide: note: {note}", file=sys.stderr)
+        output.notes((table.caption, *table.notes))
     return _shown(table, args.format)
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 
 from mpguide import MPGuideError
-from mpguide.core import terminal
+from mpguide.core import output, terminal
 from mpguide.core.readers_code import SPEC
 from mpguide.core.readers_code import factory as _factory
 from mpguide.core.readers_code import readers_code as _readers_code
@@ -186,6 +185,5 @@ def run(args: argparse.Namespace) -> str:
     tables = [table] if fixed is None else [table, fixed.table()]
     if args.format == "csv":
         for t in tables:
-            for note in (t.caption, *t.notes):
-                print(f"mpguide: note: {note}", file=sys.stderr)
+            output.notes((t.caption, *t.notes))
     return "\n\n".join(t.render(args.format, terminal.width()) for t in tables)

@@ -65,6 +65,13 @@ def said(line: str, status: int) -> int:
     return status
 
 
+def notes(lines: Iterable[str]) -> None:
+    """Notes beside the output (or that its format has no place for, CSV's), one line each on
+    stderr, control characters escaped."""
+    for line in lines:
+        print(f"mpguide: note: {escape_controls(line)}", file=sys.stderr)
+
+
 def drop_stdout() -> None:
     """Send what stdout still holds to /dev/null, so that exiting does not fail on it."""
     try:

@@ -15,7 +15,6 @@ error are the ones to keep in higher precision first."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from mpguide import MPGuideError
-from mpguide.core import terminal
+from mpguide.core import output, terminal
 from mpguide.core.table import Table
 from mpguide.precision import lowbit_errors
 
@@ -279,8 +278,7 @@ def main(args: Any, factory: Any, readers_code: Any) -> str:
         result = report(model, inputs, args.target, backward=args.backward)
     table = result.table(limit=args.limit or None)
     if args.format == "csv":
-        for note in (table.caption, *table.notes):
-            print(f"mpguide: note: {note}", file=sys.stderr)
+        output.notes((table.caption, *table.notes))
     return table.render(args.format, terminal.width())
 
 
