@@ -111,6 +111,19 @@ def source_index(op: str) -> int | None:
     return 1 if op.startswith("aten.copy") else 0
 
 
+def arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """An op's arguments by the names of its schema, defaults filled in."""
+    found = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args) and not arg.kwarg_only:
+            found[arg.name] = args[i]
+        elif arg.name in kwargs:
+            found[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            found[arg.name] = arg.default_value
+    return found
+
+
 @dataclass(frozen=True)
 class Call:
     """One op that reached the dispatcher: its tensor input dtypes (keyword tensors such as

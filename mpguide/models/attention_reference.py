@@ -4,16 +4,16 @@ Flash attention has kernels in fp16 and bf16 only, memory-efficient and cuDNN at
 float64, so the float64 shadow (:mod:`mpguide.models.shadow`) cannot run them as they are: a
 model using ``scaled_dot_product_attention`` on a GPU would stop there. :func:`reference` gives
 their results from the definition, ``O = softmax(q kᵀ · scale + mask) v``, and for their
-backward ops ``dq``, ``dk``, ``dv`` by the chain rule through it, in the dtype of the
-arguments given (autograd cannot record inside a dispatch mode, so the gradients are written
-out). As the kernels do, the backward takes the row sums ``Σ dO ⊙ O`` from the output it is
-given: fed the run's rounded output, it carries that rounding as inherited error; the
-probabilities are recomputed from ``q`` and ``k`` rather than read from the given log-sum-exp
-(float32 in the run: a difference near float32's rounding). A row every key of which is masked gives zeros, as the fused kernels do. Only the
-attention output and the gradients are compared (:func:`compared`): the kernels' other outputs
-(log-sum-exp, random-number state) are the run's own, and the results are laid out in memory as
-the run's. Dropout is not reproduced: a kernel asked
-for it has no reference here.
+backward ops ``dq``, ``dk``, ``dv`` by the chain rule through it, in the dtype of the arguments
+given (autograd cannot record inside a dispatch mode, so the gradients are written out). As the
+kernels do, the backward takes the row sums ``Σ dO ⊙ O`` from the output it is given: fed the
+run's rounded output, it carries that rounding as inherited error; the probabilities are
+recomputed from ``q`` and ``k`` rather than read from the given log-sum-exp (float32 in the run:
+a difference near float32's rounding). A row every key of which is masked gives zeros, as the
+fused kernels do. Only the attention output and the gradients are compared (:func:`compared`):
+the kernels' other outputs (log-sum-exp, random-number state) are the run's own, and the results
+are laid out in memory as the run's. Dropout is not reproduced: a kernel asked for it has no
+reference here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from mpguide.core import dtypes
 
 _FUSED = (
     "_scaled_dot_product_flash_attention",
@@ -53,18 +55,6 @@ def compared(func: Any) -> tuple[int, ...] | None:
     query, key and value gradients); ``None`` for any other op: all of them."""
     kind = _kind(func)
     return None if kind is None else (0,) if kind == "forward" else (0, 1, 2)
-
-
-def _named(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    found = {}
-    for i, arg in enumerate(func._schema.arguments):
-        if i < len(args) and not arg.kwarg_only:
-            found[arg.name] = args[i]
-        elif arg.name in kwargs:
-            found[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            found[arg.name] = arg.default_value
-    return found
 
 
 def _probabilities(q, k, mask, causal: bool, scale: float | None) -> torch.Tensor:
@@ -105,7 +95,7 @@ def reference(func: Any, args: tuple, kwargs: dict, run: list[torch.Tensor]) -> 
     kind = _kind(func)
     if kind is None:
         return None
-    n = _named(func, args, kwargs)
+    n = dtypes.arguments(func, args, kwargs)
     if n.get("dropout_p", 0.0):
         return None
     q, k, v = n["query"], n["key"], n["value"]

@@ -1,17 +1,17 @@
 """Where your model's error comes from: op by op against a float64 shadow, forward and back.
 
-:func:`diff` runs the model once in the target precision (under autocast, cast whole to a
-dtype with its floating inputs, or with its linear layers quantized to a low-bit target by
+:func:`diff` runs the model once in the target precision (under autocast, cast whole to a dtype
+with its floating inputs, or with its linear layers quantized to a low-bit target by
 :mod:`mpguide.models.quantizing`, each quantization an op of its own) inside
-:class:`mpguide.models.shadow.Shadow`, which carries a float64 run of the same model beside
-it, op by op, and splits each op's error into what the op adds itself (*local*) and what it received (*inherited*); see :mod:`mpguide.models.shadow` for
-the definitions and the check that they bound the total. Each op is placed in the innermost
-module running it (a backward op in the module whose forward op made its autograd node, as
-``mpguide model`` places it) and at the reader's line that called it (a backward op at the
-line of its forward op). A *source* is one module call's line: the ops that line ran there
-(autocast's casts included); sources rank by the sum of their ops' local errors, the error
-they create. With ``backward=True`` the backward pass runs and
-every parameter's gradient is compared with the shadow's. The output gradients are
+:class:`mpguide.models.shadow.Shadow`, which carries a float64 run of the same model beside it,
+op by op, and splits each op's error into what the op adds itself (*local*) and what it received
+(*inherited*); see :mod:`mpguide.models.shadow` for the definitions and the check that they
+bound the total. Each op is placed in the innermost module running it (a backward op in the
+module whose forward op made its autograd node, as ``mpguide model`` places it) and at the
+reader's line that called it (a backward op at the line of its forward op). A *source* is one
+module call's line: the ops that line ran there (autocast's casts included); sources rank by the
+sum of their ops' local errors, the error they create. With ``backward=True`` the backward pass
+runs and every parameter's gradient is compared with the shadow's. The output gradients are
 standard normal from a seeded generator: ones would make a softmax's input gradient zero.
 
 The model's final output is compared too: its first floating tensor (``logits`` where the
@@ -386,27 +386,27 @@ NO_TARGET_BACKWARD = (
 
 
 def prepare(model, inputs, autocast, dtype, device, backward, lowbit=None):
-    """What a run needs, checked: ``(target, autocast, dtype, args, kwargs, low_model,
-    low_args, low_kwargs)``, the model copied where it must be cast or moved. ``lowbit``: a
-    low-bit target, for which the model runs in its own dtype."""
+    """What a run needs, checked: ``(on, autocast, dtype, args, kwargs, low_model, low_args,
+    low_kwargs)``, ``on`` the device it runs on, the model copied where it must be cast or
+    moved. ``lowbit``: a low-bit target, for which the model runs in its own dtype."""
     checked = per_module.precision(model, autocast, dtype)
     if lowbit is not None:
         _check_lowbit(model, lowbit, autocast, dtype, backward)
     autocast, dtype = (None, None) if lowbit is not None else checked
     if dtype is not None and (not dtype.is_floating_point or dtype == torch.float64):
         raise MPGuideError(f"cast to a floating dtype narrower than float64, not {dtype}")
-    target = device if isinstance(device, _device.Target) else _device.target(device)
-    if target.simulated:
+    on = device if isinstance(device, _device.Target) else _device.target(device)
+    if on.simulated:
         raise MPGuideError(
-            f"diff runs kernels: {target.device.type} is simulated here (no values to compare)"
+            f"diff runs kernels: {on.device.type} is simulated here (no values to compare)"
         )
     args, kwargs = per_module.arguments(inputs)
-    copied = dtype is not None or per_module._on_other_device(model, target)
-    memory.check(memory.report_needs(model, dtype, copied, backward), target.device)
-    low_model = copy.deepcopy(model).to(device=target.device, dtype=dtype) if copied else model
-    low_args, low_kwargs = _device.move(per_module._cast_floats((args, kwargs), dtype), target)
-    args, kwargs = _device.move((args, kwargs), target)
-    return target, autocast, dtype, args, kwargs, low_model, low_args, low_kwargs
+    copied = dtype is not None or per_module._on_other_device(model, on)
+    memory.check(memory.report_needs(model, dtype, copied, backward), on.device)
+    low_model = copy.deepcopy(model).to(device=on.device, dtype=dtype) if copied else model
+    low_args, low_kwargs = _device.move(per_module._cast_floats((args, kwargs), dtype), on)
+    args, kwargs = _device.move((args, kwargs), on)
+    return on, autocast, dtype, args, kwargs, low_model, low_args, low_kwargs
 
 
 def _check_lowbit(model, lowbit, autocast, dtype, backward) -> None:
@@ -476,24 +476,23 @@ def diff(
     reference = dtypes.parse(reference)
     if reference not in (torch.float64, torch.float32):
         raise MPGuideError(f"the reference is float64 or float32, not {reference}")
-    lowbit = target
-    target, autocast, dtype, args, kwargs, low_model, low_args, low_kwargs = prepare(
-        model, inputs, autocast, dtype, device, backward, lowbit
+    on, autocast, dtype, args, kwargs, low_model, low_args, low_kwargs = prepare(
+        model, inputs, autocast, dtype, device, backward, target
     )
-    run = run_name(autocast, dtype, lowbit)
+    run = run_name(autocast, dtype, target)
     shadow = Shadow(low_model, reference, progress and (progress, "run " + run, None))
     shadow.rounded(rounded(model, low_model, (args, kwargs), (low_args, low_kwargs)))
-    shadow.split_modules(model, target.device)
+    shadow.split_modules(model, on.device)
     params = [(n, p) for n, p in low_model.named_parameters() if p.requires_grad]
-    notes = [] if lowbit is None else _lowbit_notes(model, lowbit)
+    notes = [] if target is None else _lowbit_notes(model, target)
     quantized = (
-        quantizing.layers_quantized(low_model, shadow.quantizer(lowbit))
-        if lowbit is not None
+        quantizing.layers_quantized(low_model, shadow.quantizer(target))
+        if target is not None
         else contextlib.nullcontext()
     )
     start = time.perf_counter()
     with recorder.eval_mode(low_model), shadow.hooked(), quantized:
-        with torch.set_grad_enabled(backward), _device.autocast(target, autocast):
+        with torch.set_grad_enabled(backward), _device.autocast(on, autocast):
             out = low_model(*low_args, **low_kwargs)
         final = final_tensor(out)
         ref_final = shadow.shadow_of(final)
@@ -501,7 +500,7 @@ def diff(
         if backward:
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             if outs and params:
-                gen = torch.Generator(device=target.device).manual_seed(seed)
+                gen = torch.Generator(device=on.device).manual_seed(seed)
                 seeds = [
                     torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
                     for o in outs
@@ -533,7 +532,7 @@ def diff(
         _module_errors(shadow, ops),
         grad_errors,
         output_error(final, ref_final, logprobs),
-        target.describe(),
+        on.describe(),
         seconds,
         tuple(notes),
         ref_final.detach(),
@@ -550,13 +549,7 @@ def _lowbit_notes(model: torch.nn.Module, lowbit: str) -> list[str]:
     ]
     others = lowbit_report.left_out(model)
     if others:
-        counted = ", ".join(
-            f"{n} {kind}" for kind, n in sorted(others.items(), key=lambda x: -x[1])
-        )
-        notes.append(
-            f"left out: {counted} (quantized: torch.nn.Linear and transformers' Conv1D, the "
-            "layers that multiply by a 2-D weight)"
-        )
+        notes.append(lowbit_report.left_out_note(others))
     return notes
 
 

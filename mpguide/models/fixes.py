@@ -341,9 +341,8 @@ def fix_list(
     :class:`mpguide.models.diff.Source` names them, a rounded tensor's line its name); see the
     module's docstring. With a low-bit ``target``, the sources are the quantized layers' calls,
     and a kept one runs unquantized."""
-    lowbit = target
-    target, autocast, dtype, xargs, xkwargs, low_model, args, kwargs = _diff.prepare(
-        model, inputs, autocast, dtype, device, False, lowbit
+    on, autocast, dtype, xargs, xkwargs, low_model, args, kwargs = _diff.prepare(
+        model, inputs, autocast, dtype, device, False, target
     )
     logprobs = found.output.logprob is not None
     exact = WeakTensorKeyDictionary()
@@ -352,15 +351,15 @@ def fix_list(
         if not name.startswith("input "):  # a kept op reads the model's own parameters
             exact[low] = original.detach()
         rounded[name] = (low, original.detach())
-    sync = timing.synchronizer(target.device)
+    sync = timing.synchronizer(on.device)
 
     def run(kept: set[tuple[str, str]]) -> tuple[_diff.Output, int, int, float]:
         tensors = WeakTensorKeyDictionary()
         for name in (line for module, line in kept if module == _KEPT_TENSOR):
             low, original = rounded[name]
             tensors[low] = original
-        keep = Keep(low_model, set() if lowbit else kept, dtype, exact, tensors)
-        quantize = keep.quantizer(lowbit, kept) if lowbit else None
+        keep = Keep(low_model, set() if target else kept, dtype, exact, tensors)
+        quantize = keep.quantizer(target, kept) if target else None
         times = []
         for _ in range(max(repeat, 1) + 1):  # the first run warms up, untimed
             keep.casts = keep.bytes = 0
@@ -373,7 +372,7 @@ def fix_list(
                 if quantize
                 else contextlib.nullcontext(),
                 torch.no_grad(),
-                _device.autocast(target, autocast),
+                _device.autocast(on, autocast),
             ):
                 out = low_model(*args, **kwargs)
             sync()
@@ -385,7 +384,7 @@ def fix_list(
     base, base_casts, base_bytes, base_time = run(set())
     first = base.logprob if logprobs else base.error
     every = found.sources()
-    if lowbit:
+    if target:
         every = [s for s in every if any(o.op.startswith(QUANTIZE) for o in s.ops)]
     cast = [s for s in found.sources(_diff.CAST) if s.line in rounded]
     candidates = [s for s in every if s.local > 0][:k] + [s for s in cast if s.local > 0][:k]
@@ -393,7 +392,7 @@ def fix_list(
         named = [s for s in every + cast if (s.module, s.line) == tuple(where)]
         if not named:
             raise MPGuideError(
-                f"no {'quantized layer' if lowbit else 'forward or cast source'} "
+                f"no {'quantized layer' if target else 'forward or cast source'} "
                 f"{where[0] or '(root)'} at {where[1]} in the diff"
             )
         if named[0] not in candidates:
@@ -427,9 +426,9 @@ def fix_list(
     notes = [
         "errors against the diff's float64 shadow; times of this run, noisy on a shared machine"
     ]
-    if lowbit:
+    if target:
         notes.append(
-            f"kept: the layer's input and weight not quantized to {lowbit}, its GEMM in the "
+            f"kept: the layer's input and weight not quantized to {target}, its GEMM in the "
             "model's dtype; casts +, bytes +: the quantizations it no longer runs, each "
             "counted as a conversion writing its values at the target's bits; time ×: of "
             "this emulation"

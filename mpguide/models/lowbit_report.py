@@ -159,6 +159,14 @@ def _counted(found: dict[str, int]) -> str:
     return ", ".join(f"{n} {name}" for name, n in sorted(found.items(), key=lambda x: -x[1]))
 
 
+def left_out_note(found: dict[str, int]) -> str:
+    """The note naming the layers :func:`left_out` found, and which ones a target quantizes."""
+    return (
+        f"left out: {_counted(found)} (quantized: torch.nn.Linear and transformers' Conv1D, the "
+        "layers that multiply by a 2-D weight)"
+    )
+
+
 @dataclass(frozen=True)
 class Row:
     """One linear layer under the target."""
@@ -214,10 +222,7 @@ class TargetReport:
         if len(shown) < len(self.rows):
             notes.append(f"{len(self.rows) - len(shown)} more layers")
         if self.left_out:
-            notes.append(
-                f"left out: {_counted(dict(self.left_out))} (quantized: torch.nn.Linear and "
-                "transformers' Conv1D, the layers that multiply by a 2-D weight)"
-            )
+            notes.append(left_out_note(dict(self.left_out)))
         bits = self.rows[0].weight.bits_per_value
         caption = f"linear layers under {self.target} ({bits:g} bits per weight), live on the CPU"
         return Table(columns, tuple(rows), caption, tuple(notes))

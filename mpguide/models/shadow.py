@@ -31,11 +31,11 @@ returns (top-k indices, masks) are counted where they differ from the shadow's.
 After :meth:`Shadow.split_modules`, each forward module call's first floating output is split
 the same way, one level up: its (b) is the call run again in the reference dtype on the run's
 own inputs (:mod:`mpguide.models.rerun`); where every input of the call is the shadow's, (b) is
-(a), and where the call ran no op and returned (a view of) its input, (b) is ``t``.
-A fused attention kernel that the reference dtype has no kernel for (flash attention on a GPU)
-is computed from its definition (:mod:`mpguide.models.attention_reference`); any other such op
-ends the run with one line naming it (:class:`NoReferenceKernel`). Under a low-bit target, a linear layer's input or weight
-quantized is an op of its own (:meth:`Shadow.quantizer`).
+(a), and where the call ran no op and returned (a view of) its input, (b) is ``t``. A fused
+attention kernel that the reference dtype has no kernel for (flash attention on a GPU) is
+computed from its definition (:mod:`mpguide.models.attention_reference`); any other such op ends
+the run with one line naming it (:class:`NoReferenceKernel`). Under a low-bit target, a linear
+layer's input or weight quantized is an op of its own (:meth:`Shadow.quantizer`).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from mpguide import MPGuideError, error_line
+from mpguide.core import dtypes
 from mpguide.core.dtypes import IGNORED_NAMESPACES
 from mpguide.models import attention_reference, quantizing
 from mpguide.models.recorder import Recorder, Say
@@ -206,7 +207,8 @@ class Shadow(Recorder):
         if not tensors:
             return []
         with torch.no_grad():
-            norms = [self._norms(t.detach(), self._of(t)[0], self._of(t)[0]) for t in tensors]
+            shadows = [self._of(t)[0] for t in tensors]
+            norms = [self._norms(t.detach(), a, a) for t, a in zip(tensors, shadows, strict=True)]
             rows = torch.stack(norms).cpu().tolist()
         return [_relative(row[0], row[3])[0] for row in rows]
 
@@ -240,8 +242,8 @@ class Shadow(Recorder):
         computed aside and recorded as one op, ``quantize TARGET (input)`` or ``(weight)``, in
         the layer's call at the reader's line. With ``x`` the run's tensor, ``q`` its quantized
         values and ``a`` the shadow's: local ``‖q − x‖ / ‖a‖`` (what quantizing adds),
-        inherited ``‖x − a‖ / ‖a‖``, total ``‖q − a‖ / ‖a‖``. ``q``'s shadow is ``x``'s, the exact value: the GEMM that
-        follows inherits the quantization's error."""
+        inherited ``‖x − a‖ / ‖a‖``, total ``‖q − a‖ / ‖a‖``. ``q``'s shadow is ``x``'s, the
+        exact value: the GEMM that follows inherits the quantization's error."""
 
         def quantize(layer: str, what: str, x: torch.Tensor, transposed: bool) -> torch.Tensor:
             with self._aside(), torch.no_grad():
@@ -413,11 +415,10 @@ class Shadow(Recorder):
             return  # a view computes nothing, unwritten memory has no error
         pairs = list(zip(outs, a_outs, strict=True))
         kept = attention_reference.compared(func)  # a fused attention kernel's result only
-        floating = [
-            (t, s)
-            for i, (t, s) in enumerate(pairs)
-            if t.is_floating_point() and (kept is None or i in kept)
+        compared = [
+            i for i, t in enumerate(outs) if t.is_floating_point() and (kept is None or i in kept)
         ]
+        floating = [pairs[i] for i in compared]
         whole = [(t, s) for t, s in pairs if not t.is_floating_point() and t.shape == s.shape]
         phase, module, call, line, node = self._where()
         op = name.removesuffix(".default") + (f" ({node})" if node else "")
@@ -452,13 +453,7 @@ class Shadow(Recorder):
             )
             b_args, b_kwargs = tree_unflatten(b_flat, spec)
             b_outs = _in_reference(func, b_args, b_kwargs, outs, ref)
-            b = _cat(
-                [
-                    v
-                    for i, (v, lo) in enumerate(zip(b_outs, outs, strict=True))
-                    if lo.is_floating_point() and (kept is None or i in kept)
-                ]
-            )
+            b = _cat([b_outs[i] for i in compared])
         self._add(
             phase, module, call, line, op, torch.cat([self._norms(t, b, a), counted]), t.numel()
         )
@@ -486,11 +481,11 @@ def _draws(func, args: tuple, kwargs: dict) -> bool:
     eval mode is."""
     if torch.Tag.nondeterministic_seeded not in func.tags:
         return False
-    for i, arg in enumerate(func._schema.arguments):
-        value = args[i] if i < len(args) else kwargs.get(arg.name, arg.default_value)
-        if (arg.name in ("dropout_p", "p") and value == 0) or (arg.name == "train" and not value):
-            return False
-    return True
+    given = dtypes.arguments(func, args, kwargs)
+    return not (
+        any(given.get(name, 1) == 0 for name in ("dropout_p", "p"))
+        or ("train" in given and not given["train"])
+    )
 
 
 def _in_reference(
