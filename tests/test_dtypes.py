@@ -42,6 +42,12 @@ def test_autocast_dtype_refuses_float32():
         dtypes.autocast_dtype("fp32")
 
 
+def test_autocast_dtype_names_only_what_autocast_takes_for_an_unknown_name():
+    expected = r"^unknown dtype 'int8'; autocast takes bfloat16 or float16$"
+    with pytest.raises(MPGuideError, match=expected):
+        dtypes.autocast_dtype("int8")
+
+
 def test_formats_take_the_same_aliases():
     assert formats.get("BF16").name == "bfloat16"
     assert formats.get("torch.half").name == "float16"

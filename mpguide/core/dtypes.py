@@ -69,7 +69,10 @@ def parse(text: str | torch.dtype) -> torch.dtype:
 
 def autocast_dtype(text: str | torch.dtype) -> torch.dtype:
     """A dtype autocast takes (bfloat16 or float16), or ``MPGuideError``."""
-    dt = parse(text)
+    try:
+        dt = parse(text)
+    except MPGuideError:
+        raise MPGuideError(f"unknown dtype {text!r}; autocast takes bfloat16 or float16") from None
     if dt not in (torch.bfloat16, torch.float16):
         raise MPGuideError(f"autocast takes bfloat16 or float16, not {name(dt)}")
     return dt
